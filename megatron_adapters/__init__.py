@@ -1,0 +1,4 @@
+"""Everything that touches megatron-core: models from HF configs, weights, groups, optimizer, bridge.
+
+This package never imports `hybridflow`.
+"""

@@ -1,0 +1,35 @@
+"""hybridflow: RLHF post-training (PPO/GRPO) on megatron-core with per-role meshes."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="hybridflow",
+    version="0.1.0",
+    description="RLHF post-training on megatron-core: per-role meshes, a placement planner, a resharding bridge",
+    python_requires=">=3.12",
+    packages=find_packages(include=["hybridflow*", "megatron_adapters*", "benchmarks*"]),
+    include_package_data=True,
+    install_requires=[
+        # vLLM 0.33 pins torch==2.14.0 and transformers>=5.16.1,<5.21: keep room for the [vllm] extra.
+        "torch>=2.6",
+        "megatron-core==0.19.2",
+        "psutil",  # megatron-core's dist_checkpointing imports it without declaring it
+        "hydra-core>=1.3",
+        "omegaconf>=2.3",
+        "transformers>=4.45",
+        "safetensors",
+        "tokenizers",
+        "numpy",
+        "tqdm",
+        "tensorboard",
+        "matplotlib",
+    ],
+    extras_require={
+        "test": ["pytest", "hypothesis", "ruff"],
+        # GPU-only pieces. NVIDIA Apex is not on PyPI (the PyPI package named "apex" is unrelated):
+        # megatron-core falls back to torch implementations when Apex is absent.
+        "te": ["transformer-engine[pytorch]"],
+        "vllm": ["vllm==0.33.*"],
+    },
+    entry_points={"console_scripts": ["hybridflow=hybridflow.cli:main"]},
+)
