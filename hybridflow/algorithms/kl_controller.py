@@ -1,0 +1,67 @@
+"""KL coefficient controllers: fixed, or adaptive toward a target KL (Ziegler et al., 2019, sec. 2.2)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hybridflow.errors import UserError
+
+
+@dataclass
+class FixedKLController:
+    """A constant KL coefficient."""
+
+    value: float
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        """Nothing to adapt."""
+
+    def state_dict(self) -> dict[str, float]:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.value = float(state["value"])
+
+
+@dataclass
+class AdaptiveKLController:
+    """beta <- beta * (1 + clip(KL / target - 1, -0.2, 0.2) * n_steps / horizon) after each step.
+
+    `n_steps` is how many samples (episodes) the step consumed, so `horizon` is counted in samples, as in the
+    paper; the clip bounds how fast beta moves on a noisy KL estimate.
+    """
+
+    value: float
+    target: float
+    horizon: int
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        proportional_error = min(max(current_kl / self.target - 1.0, -0.2), 0.2)
+        self.value *= 1.0 + proportional_error * n_steps / self.horizon
+
+    def state_dict(self) -> dict[str, float]:
+        return {"value": self.value, "target": self.target, "horizon": self.horizon}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.value = float(state["value"])
+        self.target = float(state["target"])
+        self.horizon = int(state["horizon"])
+
+
+KLController = FixedKLController | AdaptiveKLController
+
+
+def build_kl_controller(
+    kind: str, kl_coef: float, kl_target: float | None, kl_horizon: int | None
+) -> KLController:
+    """The controller named by `algorithm.kl_controller` ("fixed" | "adaptive")."""
+    if kind == "fixed":
+        return FixedKLController(kl_coef)
+    if kind == "adaptive":
+        if not kl_target or kl_target <= 0 or not kl_horizon or kl_horizon <= 0:
+            raise UserError(
+                f"algorithm.kl_target/kl_horizon: adaptive KL needs both > 0, got {kl_target}, {kl_horizon}; "
+                "set them, or algorithm.kl_controller=fixed"
+            )
+        return AdaptiveKLController(kl_coef, kl_target, kl_horizon)
+    raise UserError(f"algorithm.kl_controller: unknown {kind!r}; set 'fixed' or 'adaptive'")

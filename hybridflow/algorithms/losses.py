@@ -1,0 +1,109 @@
+"""Actor and critic losses for one micro-batch, in the shape megatron-core's forward_step wants back.
+
+A loss function returns `LossOutput(loss_sum, num_tokens, metrics)`, megatron's 3-tuple: the loss is a
+*sum* over masked-in tokens and megatron divides it by the token count (per micro-batch, or over the whole
+global batch with `calculate_per_token_loss=True`), so every term below is a token mean over the batch.
+Metrics are detached token sums too; `token_means` turns the sums of many micro-batches into means.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+from hybridflow.algorithms.kl import kl_estimator, kl_k3
+from hybridflow.algorithms.ppo_loss import ppo_policy_loss
+from hybridflow.algorithms.value_loss import clipped_value_loss
+from hybridflow.algorithms.whiten import masked_sum
+
+
+class LossOutput(NamedTuple):
+    loss_sum: torch.Tensor  # scalar, differentiable: sum of the per-token loss over masked-in tokens
+    num_tokens: torch.Tensor  # int scalar: masked-in tokens of this micro-batch
+    metrics: dict[str, torch.Tensor]  # detached token sums (divide by total num_tokens)
+
+
+@dataclass(frozen=True)
+class ActorLossConfig:
+    """PPO/GRPO actor loss: clipped surrogate - entropy bonus + optional KL-to-reference loss term."""
+
+    clip_low: float = 0.2
+    clip_high: float | None = None  # None: symmetric clip (= clip_low)
+    entropy_coef: float = 0.0
+    kl_loss_coef: float = 0.0  # > 0: KL to the reference as a loss term (GRPO style) instead of in the reward
+    kl_loss_estimator: str = "k3"
+
+
+@dataclass(frozen=True)
+class CriticLossConfig:
+    cliprange_value: float = 0.2
+
+
+def _output(loss: torch.Tensor, mask: torch.Tensor, terms: dict[str, torch.Tensor]) -> LossOutput:
+    metrics = {name: masked_sum(term.detach().float(), mask) for name, term in terms.items()}
+    return LossOutput(masked_sum(loss, mask), mask.sum().to(torch.int), metrics)
+
+
+def actor_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    cfg: ActorLossConfig,
+    entropy: torch.Tensor | None = None,
+    ref_logprobs: torch.Tensor | None = None,
+) -> LossOutput:
+    """Actor loss over [B, T] token tensors; `entropy` is needed when entropy_coef > 0, `ref_logprobs` when
+    kl_loss_coef > 0."""
+    mask = mask.to(logprobs.dtype)
+    clip_high = cfg.clip_low if cfg.clip_high is None else cfg.clip_high
+    pg_loss, clipped = ppo_policy_loss(logprobs, old_logprobs, advantages, cfg.clip_low, clip_high)
+    loss = pg_loss
+    # KL(old || new) from tokens sampled by old: how far this update has moved the policy.
+    terms = {"pg_loss": pg_loss, "clipfrac": clipped.float(), "approx_kl": kl_k3(old_logprobs, logprobs)}
+    if cfg.entropy_coef:
+        if entropy is None:
+            raise ValueError("actor_loss: entropy_coef > 0 needs the per-token entropy")
+        loss = loss - cfg.entropy_coef * entropy
+    if entropy is not None:
+        terms["entropy"] = entropy
+    if cfg.kl_loss_coef:
+        if ref_logprobs is None:
+            raise ValueError("actor_loss: kl_loss_coef > 0 needs the reference log-probs")
+        kl = kl_estimator(cfg.kl_loss_estimator)(logprobs, ref_logprobs)
+        loss = loss + cfg.kl_loss_coef * kl
+        terms["kl_loss"] = kl
+    return _output(loss, mask, terms)
+
+
+def critic_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    cfg: CriticLossConfig,
+) -> LossOutput:
+    """Clipped value loss over [B, T] token tensors."""
+    mask = mask.to(values.dtype)
+    loss, clipped = clipped_value_loss(values, old_values, returns, cfg.cliprange_value)
+    return _output(loss, mask, {"vf_loss": loss, "vf_clipfrac": clipped.float(), "values": values})
+
+
+def sft_loss(logprobs: torch.Tensor, mask: torch.Tensor) -> LossOutput:
+    """Supervised warm-up: negative log-likelihood of the target tokens (`logprobs` of the labels, [B, T])."""
+    nll = -logprobs
+    return _output(nll, mask.to(logprobs.dtype), {"nll": nll})
+
+
+def token_means(outputs: Iterable[LossOutput]) -> dict[str, float]:
+    """Token-weighted means of the metrics of several micro-batches (all-reduce the sums first for DP)."""
+    totals: dict[str, torch.Tensor] = {}
+    num_tokens = 0
+    for out in outputs:
+        num_tokens += int(out.num_tokens)
+        for name, value in out.metrics.items():
+            totals[name] = totals.get(name, 0.0) + value
+    return {name: float(total) / max(num_tokens, 1) for name, total in totals.items()}

@@ -1,0 +1,70 @@
+"""An endless, resumable stream of prompt batches: a fresh seeded shuffle each epoch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from hybridflow.data.batching import PromptBatch, collate_prompts
+from hybridflow.data.prompts import PromptDataset, drop_overlong
+from hybridflow.errors import UserError
+
+
+class PromptLoader:
+    """Yields `batch_size` rows at a time. The order is a function of (seed, epoch) only, so the position
+    (epoch, index) in `state_dict` is all a checkpoint needs to continue the exact same sequence."""
+
+    def __init__(
+        self,
+        dataset: PromptDataset,
+        tokenizer: PreTrainedTokenizerBase,
+        batch_size: int,
+        max_prompt_length: int,
+        seed: int = 0,
+        shuffle: bool = True,
+    ):
+        self.dataset, self.num_dropped = drop_overlong(dataset, tokenizer, max_prompt_length)
+        if not 0 < batch_size <= len(self.dataset):
+            raise UserError(
+                f"data.train_batch_size: {batch_size} prompts per step but the dataset has "
+                f"{len(self.dataset)} usable prompts; set 1..{len(self.dataset)}"
+            )
+        self.tokenizer, self.batch_size, self.max_prompt_length = tokenizer, batch_size, max_prompt_length
+        self.seed, self.shuffle = seed, shuffle
+        self.epoch, self.index = 0, 0
+        self._order = self._epoch_order()
+
+    def _epoch_order(self) -> list[int]:
+        if not self.shuffle:
+            return list(range(len(self.dataset)))
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        return torch.randperm(len(self.dataset), generator=generator).tolist()
+
+    def next_rows(self) -> list[dict[str, Any]]:
+        """The next `batch_size` rows; an epoch's incomplete tail is skipped so every batch is full."""
+        if self.index + self.batch_size > len(self._order):
+            self.epoch, self.index = self.epoch + 1, 0
+            self._order = self._epoch_order()
+        picked = self._order[self.index : self.index + self.batch_size]
+        self.index += self.batch_size
+        return [self.dataset.rows[i] for i in picked]
+
+    def next_batch(self) -> PromptBatch:
+        """The next rows as a left-padded prompt batch."""
+        rows = self.next_rows()
+        prompts = [row[self.dataset.prompt_key] for row in rows]
+        return collate_prompts(self.tokenizer, prompts, self.max_prompt_length, rows)
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "index": self.index, "seed": self.seed, "num_rows": len(self.dataset)}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        if state["num_rows"] != len(self.dataset):
+            raise UserError(
+                f"trainer.resume: the checkpoint's dataset had {state['num_rows']} prompts, this one has "
+                f"{len(self.dataset)}; resume with the same data.source, or trainer.resume=never"
+            )
+        self.seed, self.epoch, self.index = state["seed"], state["epoch"], state["index"]
+        self._order = self._epoch_order()

@@ -1,0 +1,112 @@
+"""Prompt datasets: rows from a local .jsonl/.parquet file or a built-in task, with a named prompt field."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from hybridflow.data.tasks import builtin_task, is_builtin, task_rows
+from hybridflow.errors import UserError
+
+Row = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class PromptDataset:
+    """Rows in file order; `prompt_key` names the field holding the prompt text. Other fields (e.g. a
+    reference answer) ride along to the reward function."""
+
+    rows: list[Row]
+    prompt_key: str = "prompt"
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def prompt(self, index: int) -> str:
+        return self.rows[index][self.prompt_key]
+
+
+def _read_jsonl(path: Path) -> list[Row]:
+    rows = []
+    with path.open(encoding="utf-8") as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise UserError(
+                    f"data.source: {path}:{line_no} is not valid JSON ({err.msg}); fix the line"
+                ) from None
+            if not isinstance(row, dict):
+                raise UserError(
+                    f"data.source: {path}:{line_no} is not a JSON object; write one object per line"
+                )
+            rows.append(row)
+    return rows
+
+
+def _read_parquet(path: Path) -> list[Row]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise UserError(
+            f"data.source: reading {path.name} needs pyarrow; run `pip install pyarrow`"
+        ) from None
+    return pq.read_table(path).to_pylist()
+
+
+READERS = {".jsonl": _read_jsonl, ".parquet": _read_parquet}
+
+
+def _check_prompts(rows: list[Row], prompt_key: str, source: str) -> None:
+    if not rows:
+        raise UserError(f"data.source: {source} has no rows; point it at a non-empty dataset")
+    for index, row in enumerate(rows):
+        if prompt_key not in row:
+            fields = ", ".join(sorted(row)) or "none"
+            raise UserError(
+                f"data.prompt_key: row {index} of {source} has no field {prompt_key!r} (fields: {fields}); "
+                "set data.prompt_key to the field holding the prompt"
+            )
+        if not isinstance(row[prompt_key], str):
+            raise UserError(
+                f"data.prompt_key: field {prompt_key!r} of row {index} of {source} is "
+                f"{type(row[prompt_key]).__name__}, not text; point data.prompt_key at a string field"
+            )
+
+
+def load_prompt_dataset(
+    source: str, prompt_key: str = "prompt", seed: int = 0, num_builtin_examples: int = 8192
+) -> PromptDataset:
+    """Rows of `data.source`: `builtin:<task>` (generated from `seed`, field "prompt") or .jsonl/.parquet."""
+    if is_builtin(source):
+        return PromptDataset(task_rows(builtin_task(source), num_builtin_examples, seed), "prompt")
+    path = Path(source)
+    if path.suffix not in READERS:
+        raise UserError(
+            f"data.source: {source!r} is neither builtin:<task> nor a .jsonl/.parquet file; set one of those"
+        )
+    if not path.is_file():
+        raise UserError(f"data.source: file {source!r} does not exist; set a local .jsonl/.parquet path")
+    rows = READERS[path.suffix](path)
+    _check_prompts(rows, prompt_key, source)
+    return PromptDataset(rows, prompt_key)
+
+
+def drop_overlong(
+    dataset: PromptDataset, tokenizer: PreTrainedTokenizerBase, max_prompt_length: int
+) -> tuple[PromptDataset, int]:
+    """The rows whose tokenized prompt fits `max_prompt_length`, and how many were dropped."""
+    lengths = [len(ids) for ids in tokenizer([r[dataset.prompt_key] for r in dataset.rows])["input_ids"]]
+    kept = [row for row, n in zip(dataset.rows, lengths, strict=True) if n <= max_prompt_length]
+    if not kept:
+        raise UserError(
+            f"data.max_prompt_length: every prompt is longer than {max_prompt_length} tokens "
+            f"(shortest {min(lengths)}); raise data.max_prompt_length"
+        )
+    return PromptDataset(kept, dataset.prompt_key), len(dataset.rows) - len(kept)

@@ -1,0 +1,62 @@
+"""Built-in verifiable tasks, generated locally and deterministically from a seed.
+
+Each example is a row {"prompt", "answer"}: the prompt is what the policy sees, the answer is the reference
+the reward compares the response with, and prompt + answer (+ eos) is the supervised warm-up target.
+Example i depends only on (seed, i), so any process regenerates the same dataset without files.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from hybridflow.errors import UserError
+
+BUILTIN_PREFIX = "builtin:"
+
+
+@dataclass(frozen=True)
+class SortDigits:
+    """ "3142>" -> "1234": sort a random string of digits ascending."""
+
+    min_digits: int = 3
+    max_digits: int = 5
+
+    def example(self, rng: random.Random) -> dict[str, str]:
+        digits = [rng.choice("0123456789") for _ in range(rng.randint(self.min_digits, self.max_digits))]
+        return {"prompt": "".join(digits) + ">", "answer": "".join(sorted(digits))}
+
+
+@dataclass(frozen=True)
+class AddNumbers:
+    """ "17+25=" -> "42": add two non-negative integers."""
+
+    max_value: int = 99
+
+    def example(self, rng: random.Random) -> dict[str, str]:
+        a, b = rng.randint(0, self.max_value), rng.randint(0, self.max_value)
+        return {"prompt": f"{a}+{b}=", "answer": str(a + b)}
+
+
+BuiltinTask = SortDigits | AddNumbers
+BUILTIN_TASKS: dict[str, BuiltinTask] = {"sort_digits": SortDigits(), "add": AddNumbers()}
+
+
+def is_builtin(source: str) -> bool:
+    """Whether `data.source` names a built-in task rather than a file."""
+    return source.startswith(BUILTIN_PREFIX)
+
+
+def builtin_task(source: str) -> BuiltinTask:
+    """The task named by `data.source=builtin:<name>`."""
+    name = source.removeprefix(BUILTIN_PREFIX)
+    if name not in BUILTIN_TASKS:
+        known = ", ".join(BUILTIN_PREFIX + n for n in BUILTIN_TASKS)
+        raise UserError(f"data.source: unknown built-in task {source!r}; set one of {known}")
+    return BUILTIN_TASKS[name]
+
+
+def task_rows(task: BuiltinTask, num_examples: int, seed: int) -> list[dict[str, str]]:
+    """`num_examples` rows of `task`; row i is a function of (seed, i) only."""
+    # A string seed is hashed with SHA-512 by `random`, so it is stable across processes and platforms.
+    return [task.example(random.Random(f"{seed}:{i}")) for i in range(num_examples)]

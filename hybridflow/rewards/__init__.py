@@ -1,0 +1,17 @@
+"""Rule-based rewards: the function named by `reward.fn`, and the built-in tasks' answer matching."""
+
+from hybridflow.rewards.answer_match import answer_exact, answer_match, char_match
+from hybridflow.rewards.inputs import RewardFn, RewardInputs, compute_scores, reward_inputs
+from hybridflow.rewards.loading import load_reward_fn, resolve_reward_fn
+
+__all__ = [
+    "RewardFn",
+    "RewardInputs",
+    "answer_exact",
+    "answer_match",
+    "char_match",
+    "compute_scores",
+    "load_reward_fn",
+    "resolve_reward_fn",
+    "reward_inputs",
+]

@@ -1,0 +1,56 @@
+import math
+
+import pytest
+import torch
+
+from hybridflow.algorithms import kl_estimator, kl_k1, kl_k2, kl_k3, kl_penalized_rewards, last_token_scores
+from hybridflow.errors import UserError
+
+
+def test_estimators_by_hand():
+    lp, ref = torch.tensor([math.log(0.5)]), torch.tensor([math.log(0.25)])
+    # log_ratio = log(ref/pi) = log 0.5
+    assert kl_k1(lp, ref).item() == pytest.approx(math.log(2))
+    assert kl_k2(lp, ref).item() == pytest.approx(0.5 * math.log(2) ** 2)
+    assert kl_k3(lp, ref).item() == pytest.approx(0.5 - 1 - math.log(0.5))
+
+
+def test_estimators_match_exact_kl_in_expectation():
+    # Sample from pi; k1 and k3 are unbiased for KL(pi || ref), k2 close for nearby distributions.
+    gen = torch.Generator().manual_seed(0)
+    pi_logits, ref_logits = torch.randn(6, generator=gen), torch.randn(6, generator=gen) * 0.3
+    pi, ref = (
+        torch.distributions.Categorical(logits=pi_logits),
+        torch.distributions.Categorical(logits=ref_logits),
+    )
+    exact = torch.distributions.kl_divergence(pi, ref).item()
+    x = torch.multinomial(pi.probs, 400_000, replacement=True, generator=gen)
+    lp, lref = pi.log_prob(x), ref.log_prob(x)
+    assert kl_k1(lp, lref).mean().item() == pytest.approx(exact, rel=0.03)
+    assert kl_k3(lp, lref).mean().item() == pytest.approx(exact, rel=0.03)
+    assert kl_k3(lp, lref).var() < kl_k1(lp, lref).var()  # the point of k3
+    assert (kl_k3(lp, lref) >= 0).all() and (kl_k2(lp, lref) >= 0).all()
+
+
+def test_estimator_lookup():
+    assert kl_estimator("k3") is kl_k3
+    with pytest.raises(UserError, match="algorithm.kl_estimator"):
+        kl_estimator("k9")
+
+
+def test_last_token_scores():
+    mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0], [0, 1, 1, 0]])
+    out = last_token_scores(torch.tensor([1.0, 2.0, 3.0, 4.0]), mask)
+    expected = torch.zeros(4, 4)
+    expected[0, 1], expected[1, 3], expected[3, 2] = 1.0, 2.0, 4.0  # the empty row gets nothing
+    torch.testing.assert_close(out, expected)
+
+
+def test_kl_penalized_rewards_by_hand():
+    lp = torch.tensor([[-1.0, -2.0, -3.0]])
+    ref = torch.tensor([[-1.5, -1.0, -9.0]])
+    mask = torch.tensor([[1, 1, 0]])
+    rewards, kl = kl_penalized_rewards(torch.tensor([5.0]), lp, ref, mask, kl_coef=0.1)
+    # k1 per token: 0.5, -1.0, (masked); score 5 on the last valid token (index 1).
+    torch.testing.assert_close(kl, torch.tensor([[0.5, -1.0, 0.0]]))
+    torch.testing.assert_close(rewards, torch.tensor([[-0.05, 5.0 + 0.1, 0.0]]))

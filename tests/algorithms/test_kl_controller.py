@@ -1,0 +1,40 @@
+import pytest
+
+from hybridflow.algorithms import AdaptiveKLController, FixedKLController, build_kl_controller
+from hybridflow.errors import UserError
+
+
+def test_fixed_never_moves():
+    ctl = FixedKLController(0.05)
+    ctl.update(current_kl=100.0, n_steps=1000)
+    assert ctl.value == 0.05
+
+
+@pytest.mark.parametrize(
+    ("kl", "error"),
+    [(9.0, 0.2), (6.6, 0.1), (5.7, -0.05), (0.0, -0.2)],  # errors beyond +-0.2 are clipped
+)
+def test_adaptive_update_formula(kl, error):
+    ctl = AdaptiveKLController(value=0.1, target=6.0, horizon=10_000)
+    ctl.update(current_kl=kl, n_steps=256)
+    assert ctl.value == pytest.approx(0.1 * (1 + error * 256 / 10_000))
+
+
+def test_adaptive_state_round_trip_continues_identically():
+    a = AdaptiveKLController(0.2, target=1.0, horizon=100)
+    for kl in (3.0, 0.5, 1.1):
+        a.update(kl, 8)
+    b = build_kl_controller("adaptive", kl_coef=99.0, kl_target=5.0, kl_horizon=7)
+    b.load_state_dict(a.state_dict())
+    for kl in (0.2, 2.0):
+        a.update(kl, 8)
+        b.update(kl, 8)
+    assert a.value == b.value and a.state_dict() == b.state_dict()
+
+
+def test_build_errors_name_the_field():
+    assert isinstance(build_kl_controller("fixed", 0.1, None, None), FixedKLController)
+    with pytest.raises(UserError, match="algorithm.kl_controller"):
+        build_kl_controller("pid", 0.1, 1.0, 10)
+    with pytest.raises(UserError, match="algorithm.kl_target"):
+        build_kl_controller("adaptive", 0.1, 0.0, 10)

@@ -1,0 +1,110 @@
+import pytest
+import torch
+
+from hybridflow.algorithms import (
+    ActorLossConfig,
+    CriticLossConfig,
+    actor_loss,
+    critic_loss,
+    entropy_from_logits,
+    kl_k3,
+    sft_loss,
+    token_means,
+)
+
+
+def _batch(seed=0, b=3, t=5):
+    g = torch.Generator().manual_seed(seed)
+    old = -torch.rand(b, t, generator=g) * 3
+    new = (old + torch.randn(b, t, generator=g) * 0.3).requires_grad_()
+    adv = torch.randn(b, t, generator=g)
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 1, 0, 0, 0]], dtype=torch.float32)[:b, :t]
+    return new, old, adv, mask
+
+
+def test_actor_loss_is_token_mean_of_clipped_surrogate():
+    new, old, adv, mask = _batch()
+    out = actor_loss(new, old, adv, mask, ActorLossConfig(clip_low=0.2))
+    assert len(out) == 3  # megatron's forward_step unpacks (loss, num_tokens, reduced) from a loss_func
+    ratio = torch.exp(new - old)
+    per_token = torch.maximum(-adv * ratio, -adv * ratio.clamp(0.8, 1.2))
+    m = mask.bool()
+    assert int(out.num_tokens) == 10
+    torch.testing.assert_close(out.loss_sum, per_token[m].sum())
+    clipfrac = ((-adv * ratio.clamp(0.8, 1.2)) > (-adv * ratio))[m].float().mean()
+    means = token_means([out])
+    assert means["clipfrac"] == pytest.approx(clipfrac.item())
+    assert means["approx_kl"] == pytest.approx(kl_k3(old, new.detach())[m].mean().item(), rel=1e-5)
+
+
+def test_masked_tokens_get_no_gradient_even_with_junk():
+    new, old, adv, mask = _batch()
+    with torch.no_grad():
+        new[~mask.bool()] = 40.0  # huge ratio in padding
+    out = actor_loss(new, old, adv, mask, ActorLossConfig())
+    out.loss_sum.backward()
+    assert torch.isfinite(out.loss_sum)
+    assert (new.grad[~mask.bool()] == 0).all() and (new.grad[mask.bool()] != 0).any()
+
+
+def test_entropy_bonus_and_kl_loss_terms():
+    new, old, adv, mask = _batch(1)
+    entropy = torch.rand_like(old)
+    ref = old - 0.1
+    base = actor_loss(new, old, adv, mask, ActorLossConfig())
+    full = actor_loss(
+        new,
+        old,
+        adv,
+        mask,
+        ActorLossConfig(entropy_coef=0.01, kl_loss_coef=0.5),
+        entropy=entropy,
+        ref_logprobs=ref,
+    )
+    m = mask.bool()
+    expected = base.loss_sum - 0.01 * entropy[m].sum() + 0.5 * kl_k3(new, ref)[m].sum()
+    torch.testing.assert_close(full.loss_sum, expected)
+    assert token_means([full])["entropy"] == pytest.approx(entropy[m].mean().item())
+    with pytest.raises(ValueError, match="entropy"):
+        actor_loss(new, old, adv, mask, ActorLossConfig(entropy_coef=0.01))
+    with pytest.raises(ValueError, match="reference"):
+        actor_loss(new, old, adv, mask, ActorLossConfig(kl_loss_coef=0.1))
+
+
+def test_token_means_over_micro_batches_equal_whole_batch():
+    new, old, adv, mask = _batch(2)
+    whole = token_means([actor_loss(new, old, adv, mask, ActorLossConfig())])
+    parts = token_means(
+        [
+            actor_loss(new[i : i + 1], old[i : i + 1], adv[i : i + 1], mask[i : i + 1], ActorLossConfig())
+            for i in range(3)
+        ]
+    )
+    assert parts == pytest.approx(whole)
+
+
+def test_critic_loss():
+    g = torch.Generator().manual_seed(3)
+    values, old, returns = (torch.randn(2, 4, generator=g) for _ in range(3))
+    mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]])
+    out = critic_loss(values, old, returns, mask, CriticLossConfig(cliprange_value=0.1))
+    vclip = old + (values - old).clamp(-0.1, 0.1)
+    per_token = 0.5 * torch.maximum((values - returns) ** 2, (vclip - returns) ** 2)
+    torch.testing.assert_close(out.loss_sum, per_token[mask.bool()].sum())
+    assert int(out.num_tokens) == 6
+    assert set(token_means([out])) == {"vf_loss", "vf_clipfrac", "values"}
+
+
+def test_entropy_reference_matches_torch_distributions():
+    logits = torch.randn(2, 3, 11) * 4
+    expected = torch.distributions.Categorical(logits=logits).entropy()
+    torch.testing.assert_close(entropy_from_logits(logits), expected)
+
+
+def test_sft_loss_is_masked_nll():
+    logprobs = torch.log(torch.tensor([[0.5, 0.25, 0.9], [0.1, 0.2, 0.3]]))
+    mask = torch.tensor([[0, 1, 1], [1, 0, 0]])
+    out = sft_loss(logprobs, mask)
+    expected = -(torch.log(torch.tensor(0.25)) + torch.log(torch.tensor(0.9)) + torch.log(torch.tensor(0.1)))
+    torch.testing.assert_close(out.loss_sum, expected)
+    assert int(out.num_tokens) == 3

@@ -1,0 +1,42 @@
+import math
+
+import pytest
+import torch
+
+from hybridflow.algorithms import ppo_policy_loss
+
+
+@pytest.mark.parametrize(
+    ("advantage", "ratio", "expected_loss", "clipped", "has_grad"),
+    [
+        (2.0, 1.5, -2.0 * 1.2, True, False),  # A > 0, ratio above 1 + eps: clipped, no push further up
+        (2.0, 0.5, -2.0 * 0.5, False, True),  # A > 0, ratio below 1 - eps: unclipped, still pushes up
+        (-2.0, 0.5, 2.0 * 0.8, True, False),  # A < 0, ratio below 1 - eps: clipped, no push further down
+        (-2.0, 1.5, 2.0 * 1.5, False, True),  # A < 0, ratio above 1 + eps: unclipped, still pushes down
+        (2.0, 1.1, -2.0 * 1.1, False, True),  # inside the trust region
+    ],
+)
+def test_clip_cases(advantage, ratio, expected_loss, clipped, has_grad):
+    logprobs = torch.tensor([math.log(ratio)], requires_grad=True)
+    loss, was_clipped = ppo_policy_loss(logprobs, torch.zeros(1), torch.tensor([advantage]), 0.2, 0.2)
+    assert loss.item() == pytest.approx(expected_loss, rel=1e-6)
+    assert bool(was_clipped) is clipped
+    loss.sum().backward()
+    # d/dlogp of -A * exp(logp) is -A * ratio when unclipped, 0 when clipped.
+    assert logprobs.grad.item() == pytest.approx(-advantage * ratio if has_grad else 0.0, rel=1e-6)
+
+
+def test_asymmetric_clip():
+    logprobs = torch.log(torch.tensor([1.25, 1.25, 0.75]))
+    loss, clipped = ppo_policy_loss(logprobs, torch.zeros(3), torch.tensor([1.0, 1.0, -1.0]), 0.2, 0.28)
+    # 1.25 < 1 + 0.28 stays unclipped for A > 0; 0.75 < 1 - 0.2 clips for A < 0.
+    torch.testing.assert_close(loss, torch.tensor([-1.25, -1.25, 0.8]))
+    assert clipped.tolist() == [False, False, True]
+
+
+def test_on_policy_loss_is_minus_advantage():
+    adv = torch.randn(2, 4)
+    lp = torch.randn(2, 4)
+    loss, clipped = ppo_policy_loss(lp, lp.clone(), adv, 0.2, 0.2)
+    torch.testing.assert_close(loss, -adv)
+    assert not clipped.any()
