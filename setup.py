@@ -21,6 +21,7 @@ setup(
         "tokenizers",
         "numpy",
         "tqdm",
+        "pyarrow",  # parquet prompt datasets
         "tensorboard",
         "matplotlib",
     ],
