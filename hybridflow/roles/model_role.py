@@ -1,0 +1,149 @@
+"""One role's Megatron model on this rank: its mesh, its groups, its stage of the model, forward and train.
+
+Every role (actor, ref, critic, reward, native rollout) is a `ModelRole`. What differs between them is data:
+the head ("lm" or a scalar head), whether it trains, and what a forward returns per token (see
+`per_token_logprobs`, `per_token_values`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from megatron.core.process_groups_config import ProcessGroupCollection
+
+from hybridflow.placement import RoleMesh
+from megatron_adapters.forward_backward import run_forward_backward
+from megatron_adapters.hf_safetensors import load_hf_weights
+from megatron_adapters.logprobs import token_logprobs
+from megatron_adapters.model import build_gpt
+from megatron_adapters.optimizer import (
+    OptimizerSettings,
+    TrainingPrecision,
+    build_optimizer,
+    optimizer_step,
+    wrap_for_training,
+)
+from megatron_adapters.process_groups import seed_role_rng
+
+# (model output [b, T, ...], micro-batch) -> per-token tensor [b, T]
+PerToken = Callable[[torch.Tensor, dict[str, torch.Tensor]], torch.Tensor]
+# (model output, micro-batch) -> (scalar loss, detached metric sums incl. "num_tokens")
+LossFn = Callable[[torch.Tensor, dict[str, torch.Tensor]], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+
+
+@dataclass
+class ModelRole:
+    """A role's model stage on this rank. `optimizer` is None for inference-only roles."""
+
+    name: str
+    mesh: RoleMesh
+    groups: ProcessGroupCollection
+    model: torch.nn.Module  # DDP-wrapped when trained
+    micro_batch_size: int
+    optimizer: object | None = None
+    extra: dict = field(default_factory=dict)
+
+    def logprobs(
+        self, logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0, with_entropy: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Per-token log-probs [b, T] of `input_ids` (and entropies) from this role's vocab-parallel logits.
+
+        Column t is about token t, predicted from position t - 1; column 0 is 0.
+        """
+        out = token_logprobs(logits[:, :-1], input_ids[:, 1:], self.groups.tp, temperature=temperature,
+                             with_entropy=with_entropy)
+        return tuple(map(shift_right, out)) if with_entropy else shift_right(out)
+
+    @property
+    def dp_rank(self) -> int:
+        return self.groups.dp.rank()
+
+    def local_rows(self, batch_size: int) -> slice:
+        """The rows of a global batch that this rank's DP replica works on."""
+        per_replica = batch_size // self.mesh.dp
+        return slice(self.dp_rank * per_replica, (self.dp_rank + 1) * per_replica)
+
+    def micro_batches(self, tensors: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+        rows = next(iter(tensors.values())).shape[0]
+        size = min(self.micro_batch_size, rows)
+        return [{k: v[i : i + size] for k, v in tensors.items()} for i in range(0, rows, size)]
+
+    @torch.no_grad()
+    def forward(self, tensors: dict[str, torch.Tensor], per_token: PerToken) -> torch.Tensor:
+        """Forward-only over this replica's rows; the per-token result [rows, T] on every rank of the role."""
+
+        def keep(output, mb):
+            return output.new_zeros(()), {"out": per_token(output, mb)}
+
+        metrics = run_forward_backward([self.model], self.groups, self.micro_batches(tensors), keep,
+                                       forward_only=True)
+        return torch.cat([m["out"] for m in metrics])
+
+    def train(self, tensors: dict[str, torch.Tensor], loss_fn: LossFn) -> dict[str, float]:
+        """One optimizer step over this replica's rows; token-mean metrics averaged over the role's DP."""
+        self.optimizer.zero_grad()
+        metrics = run_forward_backward([self.model], self.groups, self.micro_batches(tensors), loss_fn)
+        stats = optimizer_step(self.optimizer)
+        totals = {k: sum(m[k].float() for m in metrics) for k in metrics[0]}
+        keys = sorted(totals)
+        packed = torch.stack([totals[k].reshape(()) for k in keys]).to(_comm_device())
+        torch.distributed.all_reduce(packed, group=self.groups.dp)
+        tokens = packed[keys.index("num_tokens")].clamp(min=1)
+        means = {k: float(packed[i] / tokens) for i, k in enumerate(keys) if k != "num_tokens"}
+        return {**means, **stats}
+
+
+def _comm_device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def build_model_role(
+    name: str,
+    mesh: RoleMesh,
+    groups: ProcessGroupCollection,
+    hf_dir: str,
+    head: str,
+    dtype: torch.dtype,
+    micro_batch_size: int,
+    optimizer: OptimizerSettings | None = None,
+    seed: int = 0,
+    **config_overrides,
+) -> ModelRole:
+    """Build this rank's stage of `hf_dir`, load its weights, and (for trained roles) DDP + optimizer."""
+    seed_role_rng(seed, groups)
+    model = build_gpt(hf_dir, groups, head=head, dtype=dtype, **config_overrides)
+    if torch.cuda.is_available():
+        model.cuda()
+    load_hf_weights(model, hf_dir)
+    if optimizer is None:
+        return ModelRole(name, mesh, groups, model, micro_batch_size)
+    precision = TrainingPrecision(dtype, bf16=dtype == torch.bfloat16)
+    ddp = wrap_for_training([model], groups, use_distributed_optimizer=optimizer.use_distributed_optimizer)
+    opt = build_optimizer(ddp, groups, optimizer, precision)
+    return ModelRole(name, mesh, groups, ddp[0], micro_batch_size, opt)
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The GPTModel inside a DDP wrapper (or the model itself)."""
+    return getattr(model, "module", model)
+
+
+def per_token_logprobs(role: ModelRole, temperature: float) -> PerToken:
+    """Column t holds log p(tokens[t] | tokens[:t]); column 0 is 0 (nothing predicts the first token)."""
+
+    def fn(logits: torch.Tensor, mb: dict[str, torch.Tensor]) -> torch.Tensor:
+        return role.logprobs(logits, mb["input_ids"], temperature)
+
+    return fn
+
+
+def per_token_values(logits: torch.Tensor, mb: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Column t holds the value of the state before token t (the scalar head's output at t - 1)."""
+    return shift_right(logits[:, :-1, 0].float())
+
+
+def shift_right(x: torch.Tensor) -> torch.Tensor:
+    """Prepend a zero column so per-token quantities line up with the token they are about."""
+    return torch.cat([x.new_zeros(x.shape[0], 1), x], dim=1)

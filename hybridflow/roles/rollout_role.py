@@ -1,0 +1,72 @@
+"""The rollout role: an engine per generation DP replica, fed by the weight bridge after each update."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+import torch.distributed as dist
+
+from hybridflow.placement import RoleMesh
+from hybridflow.roles.exchange import share_from_role
+from hybridflow.roles.model_role import ModelRole, unwrap
+from hybridflow.rollout.base import RolloutBatch, RolloutEngine, SamplingParams
+from hybridflow.rollout.megatron_engine import MegatronRolloutEngine
+from megatron_adapters.bridge import ReshardStats, TargetFormat, WeightBridge, training_shards
+from megatron_adapters.model import build_gpt, model_shape
+
+
+@dataclass
+class RolloutRole:
+    """`mesh` lists the rollout ranks in the bridge's generation order (TP_g groups are consecutive)."""
+
+    mesh: RoleMesh
+    engine: RolloutEngine | None  # None on ranks outside the rollout
+    targets: dict[str, torch.Tensor]  # the engine's weight tensors the bridge writes into (by target name)
+    bridge: WeightBridge
+    sampling: SamplingParams
+    device: torch.device
+    step: int = 0
+    last_sync: ReshardStats | None = None
+
+    def generate(self, batch) -> None:
+        """Sample responses for this replica's rows and share tokens, masks and log-probs with every rank."""
+        rows, total = batch.size, batch.tokens.shape[1]
+        local = (None, None, None)
+        if self.engine is not None:
+            dp_rank = self.mesh.coords(dist.get_rank())[1]
+            mine = slice(dp_rank * rows // self.mesh.dp, (dp_rank + 1) * rows // self.mesh.dp)
+            sampling = replace(self.sampling, seed=self.sampling.seed + 7919 * self.step + dp_rank)
+            prompts = RolloutBatch(batch.tokens[mine].to(self.device), batch.prompt_lens[mine].to(self.device))
+            out = self.engine.generate(prompts, sampling)
+            local = (out.tokens, out.response_mask, out.logprobs)
+        shape = (total,)
+        batch.tokens = share_from_role(local[0], self.mesh, rows, shape, torch.long, self.device).cpu()
+        batch.response_mask = share_from_role(local[1], self.mesh, rows, shape, torch.long, self.device).cpu()
+        batch.rollout_logprobs = share_from_role(local[2], self.mesh, rows, shape, torch.float32, self.device).cpu()
+        self.step += 1
+
+    def sync(self, actor: ModelRole | None) -> None:
+        """Reshard the actor's current weights into the engine (collective over actor and rollout ranks)."""
+        src = training_shards(unwrap(actor.model)) if actor is not None else {}
+        if self.engine is not None:
+            self.engine.wake_up(("weights",))
+        _, self.last_sync = self.bridge.reshard(src, self.targets)
+        if self.engine is not None:
+            self.engine.wake_up(("kv_cache",))
+
+
+def build_rollout_role(
+    mesh: RoleMesh, groups, reshard_plan, hf_dir: str, dtype: torch.dtype, sampling: SamplingParams,
+    device: torch.device, bucket_bytes: int = 256 << 20,
+) -> RolloutRole:
+    """The native Megatron engine at the rollout's TP on its ranks, and the bridge that feeds it."""
+    shape = model_shape(hf_dir)
+    bridge = WeightBridge(reshard_plan, shape, TargetFormat.MEGATRON, dtype=dtype, bucket_bytes=bucket_bytes,
+                          device=device)
+    engine, targets = None, {}
+    if groups is not None:
+        model = build_gpt(hf_dir, groups, head="lm", dtype=dtype).to(device)
+        engine = MegatronRolloutEngine(model, groups.tp, vocab_size=shape.vocab_size)
+        targets = {name: p.data for name, p in model.named_parameters()}
+    return RolloutRole(mesh, engine, targets, bridge, sampling, device)

@@ -1,0 +1,65 @@
+"""The rollout engine interface: every engine (native Megatron, vLLM) answers `generate` the same way.
+
+Sequences travel right-padded: row b holds its prompt at columns [0, prompt_len[b]) and its response right
+after it. Padding only ever sits at the end of a row, so causal attention needs no padding mask and positions
+are plain 0..T-1 in every engine and in training.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """What to sample. `top_k=0` and `top_p=1.0` switch those filters off."""
+
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+    pad_token_id: int = 0
+    seed: int = 0
+
+
+@dataclass
+class RolloutBatch:
+    """Prompts in, responses out; every tensor is [B, T] with T = max prompt length + max_new_tokens.
+
+    tokens:        prompt ids, then response ids, then pad_token_id
+    prompt_lens:   [B] number of prompt tokens in each row
+    response_mask: 1 at the columns of response tokens (up to and including the stop token), else 0
+    logprobs:      at response columns, log p(token) under log_softmax(logits / temperature) of the model
+                   that sampled it (no top-k/top-p renormalisation); 0 elsewhere. The actor recomputes the
+                   same quantity and the parity gate compares the two.
+    """
+
+    tokens: torch.Tensor
+    prompt_lens: torch.Tensor
+    response_mask: torch.Tensor | None = None
+    logprobs: torch.Tensor | None = None
+
+
+class RolloutEngine(Protocol):
+    """One engine per rollout DP group, living inside the training processes (SPMD)."""
+
+    def generate(self, batch: RolloutBatch, sampling: SamplingParams) -> RolloutBatch:
+        """Fill tokens' response columns, logprobs and response_mask for this DP rank's prompts."""
+        ...
+
+    def load_weights(self, shards: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Take this rank's weights in the engine's own layout (the bridge produces them)."""
+        ...
+
+    def sleep(self) -> None:
+        """Hand memory back to training (KV cache, optionally weights)."""
+        ...
+
+    def wake_up(self, tags: tuple[str, ...] = ("weights", "kv_cache")) -> None:
+        """Take memory again before sync / generation."""
+        ...

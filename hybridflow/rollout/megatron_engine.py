@@ -1,0 +1,111 @@
+"""Native rollout: KV-cached sampling on a megatron-core GPTModel at the rollout's own TP degree.
+
+megatron-core's StaticInferenceEngine is built around text requests, a tokenizer and CUDA-only helpers; we
+need tensors in and tensors out on CPU (gloo) and GPU alike, so this engine drives the model directly with
+megatron-core's `StaticInferenceContext`, which owns the KV cache inside the model's attention layers.
+
+Prompts of different lengths share one batch the way static batching does it: decoding starts after the
+shortest prompt, and a row still inside its own prompt is fed its prompt token instead of the sample.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.distributed as dist
+from megatron.core.inference.contexts import StaticInferenceContext
+
+from hybridflow.rollout.base import RolloutBatch, SamplingParams
+from hybridflow.rollout.sampling import sample_next
+
+
+class MegatronRolloutEngine:
+    """Generates with `model` (a GPTModel, PP=1) whose tensor-parallel group is `tp_group`.
+
+    vocab_size is the tokenizer's true vocabulary: the padded tail of a vocab-parallel output layer is cut
+    off before sampling.
+    """
+
+    def __init__(self, model: torch.nn.Module, tp_group: dist.ProcessGroup, vocab_size: int):
+        self.model = model
+        self.tp_group = tp_group
+        self.vocab_size = vocab_size
+        self._tp_src = dist.get_global_rank(tp_group, 0)
+
+    @torch.no_grad()
+    def generate(self, batch: RolloutBatch, sampling: SamplingParams) -> RolloutBatch:
+        tokens = batch.tokens.clone()
+        bsz, total = tokens.shape
+        device = tokens.device
+        prompt_lens = batch.prompt_lens.to(device)
+        logprobs = torch.zeros(bsz, total, dtype=torch.float32, device=device)
+        response_mask = torch.zeros(bsz, total, dtype=torch.long, device=device)
+        done = torch.zeros(bsz, dtype=torch.bool, device=device)
+        last_col = torch.clamp(prompt_lens + sampling.max_new_tokens, max=total)  # exclusive end per row
+        stop_ids = torch.tensor(sampling.stop_token_ids, dtype=torch.long, device=device)
+        generator = torch.Generator(device=device).manual_seed(sampling.seed)
+
+        positions = torch.arange(total, device=device).unsqueeze(0).expand(bsz, total)
+        causal_masked = torch.ones(total, total, dtype=torch.bool, device=device).triu(1)[None, None]
+        context = StaticInferenceContext(max_batch_size=bsz, max_sequence_length=total)
+        self.model.eval()
+
+        start, end = 0, int(prompt_lens.min())
+        while end < total and not bool(done.all()):
+            logits = self.model(
+                tokens[:, start:end],
+                positions[:, start:end],
+                causal_masked[..., start:end, :end],
+                inference_context=context,
+            )
+            context.increment_sequence_len_offset(end - start)
+            next_tok, next_logp = self._sample(logits[:, -1, :], sampling, generator)
+
+            in_prompt = end < prompt_lens
+            is_response = ~in_prompt & ~done & (end < last_col)
+            tokens[:, end] = torch.where(in_prompt, tokens[:, end], next_tok)
+            tokens[:, end] = torch.where(in_prompt | is_response, tokens[:, end], sampling.pad_token_id)
+            logprobs[:, end] = torch.where(is_response, next_logp, 0.0)
+            response_mask[:, end] = is_response.long()
+            hit_stop = is_response & torch.isin(next_tok, stop_ids)
+            done |= hit_stop | (~in_prompt & (end + 1 >= last_col))
+            start, end = end, end + 1
+        return RolloutBatch(tokens, batch.prompt_lens, response_mask, logprobs)
+
+    def _sample(
+        self, local_logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Gather the vocab-parallel logits of the last position, sample on TP rank 0, share the result."""
+        world = dist.get_world_size(self.tp_group)
+        if world > 1:
+            parts = [torch.empty_like(local_logits) for _ in range(world)]
+            dist.all_gather(parts, local_logits.contiguous(), group=self.tp_group)
+            local_logits = torch.cat(parts, dim=-1)
+        tok, logp = sample_next(local_logits[:, : self.vocab_size], sampling, generator)
+        if world > 1:  # every TP rank drew from the same generator state; rank 0's draw is the truth
+            dist.broadcast(tok, self._tp_src, group=self.tp_group)
+            dist.broadcast(logp, self._tp_src, group=self.tp_group)
+        return tok, logp
+
+    def load_weights(self, shards: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy this rank's native-layout shards into the model, checking every name and shape."""
+        params = dict(self.model.named_parameters())
+        seen = set()
+        for name, tensor in shards:
+            if name not in params:
+                raise KeyError(f"rollout model has no parameter {name!r}")
+            if params[name].shape != tensor.shape:
+                raise ValueError(f"{name}: shard shape {tuple(tensor.shape)} != {tuple(params[name].shape)}")
+            params[name].data.copy_(tensor)
+            seen.add(name)
+        missing = set(params) - seen
+        if missing:
+            example = sorted(missing)[:3]
+            raise KeyError(f"weight sync left {len(missing)} parameters untouched, e.g. {example}")
+
+    def sleep(self) -> None:
+        """Nothing to hand back: the KV cache lives only inside one `generate` call."""
+
+    def wake_up(self, tags: tuple[str, ...] = ("weights", "kv_cache")) -> None:
+        """Nothing to take back (see `sleep`)."""

@@ -1,0 +1,61 @@
+"""The step's batch: every per-sample and per-token tensor of one RL step, whole, on every rank.
+
+All token tensors are [B, T], right-padded (see hybridflow.rollout.base): column t of a per-token
+quantity is about token t (its log-prob, the value of the state before it, its reward).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class StepBatch:
+    rows: list[dict[str, Any]]  # dataset rows, one per sample (a prompt's row repeats for its n samples)
+    tokens: torch.Tensor
+    prompt_lens: torch.Tensor  # [B]
+    response_mask: torch.Tensor | None = None
+    rollout_logprobs: torch.Tensor | None = None
+    old_logprobs: torch.Tensor | None = None
+    ref_logprobs: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    scores: torch.Tensor | None = None  # [B]
+    token_rewards: torch.Tensor | None = None
+    advantages: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
+    extras: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def size(self) -> int:
+        return self.tokens.shape[0]
+
+    def tensors(self, *names: str, rows: slice | torch.Tensor = slice(None)) -> dict[str, torch.Tensor]:
+        """Named tensors (tokens as `input_ids`) restricted to `rows`, for a role's micro-batches."""
+        out = {"input_ids": self.tokens[rows]}
+        for name in names:
+            out[name] = getattr(self, name)[rows]
+        return out
+
+
+def encode_prompts(
+    tokenizer: Any, prompts: list[str], total_len: int, pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded [B, total_len] prompt ids (with the tokenizer's own special tokens) and their lengths."""
+    encoded = tokenizer(list(prompts))["input_ids"]
+    tokens = torch.full((len(encoded), total_len), pad_id, dtype=torch.long)
+    for i, ids in enumerate(encoded):
+        tokens[i, : len(ids)] = torch.tensor(ids)
+    return tokens, torch.tensor([len(ids) for ids in encoded])
+
+
+def response_ids(batch: StepBatch) -> list[list[int]]:
+    """Each row's response tokens, unpadded."""
+    return [row[mask.bool()].tolist() for row, mask in zip(batch.tokens, batch.response_mask, strict=True)]
+
+
+def pad_columns(x: torch.Tensor, total_len: int, value: float) -> torch.Tensor:
+    """Right-pad [B, L] to [B, total_len]."""
+    return torch.nn.functional.pad(x, (0, total_len - x.shape[1]), value=value)

@@ -1,0 +1,84 @@
+"""Turn (config, plan) into this rank's roles, engine, bridge and trainer. Collective over the world.
+
+Order matters: process groups are created collectively, so every rank builds every role's groups in the
+same order (actor, critic, ref, reward, rollout) even for roles it does not hold.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from hybridflow.algorithms import build_advantage_estimator, build_kl_controller
+from hybridflow.config import ExperimentConfig
+from hybridflow.data import load_prompt_dataset, load_tokenizer
+from hybridflow.placement import Plan
+from hybridflow.roles.groups import build_groups, generation_mesh
+from hybridflow.roles.model_role import ModelRole, OptimizerSettings, build_model_role
+from hybridflow.roles.rollout_role import build_rollout_role
+from hybridflow.rollout.base import SamplingParams
+from hybridflow.trainer.model_files import ensure_model_files
+from hybridflow.trainer.rewarding import build_score_fn
+from hybridflow.trainer.rl_trainer import RLTrainer
+
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
+HEADS = {"actor": "lm", "ref": "lm", "critic": "value", "reward": "reward"}
+
+
+@dataclass
+class BuiltRun:
+    trainer: RLTrainer
+    tokenizer: object
+    dataset: object
+    hf_dir: str
+    work_dir: Path
+
+
+def compute_device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def build_run(cfg: ExperimentConfig, plan: Plan, work_dir: Path) -> BuiltRun:
+    """Everything this rank needs for the run; every rank calls it."""
+    device = compute_device()
+    hf_dir, tok_dir = ensure_model_files(cfg, work_dir)
+    tokenizer = load_tokenizer(tok_dir)
+    dtype = DTYPES[cfg.model.dtype]
+    # The rollout's ranks in the bridge's generation order; then every role's groups, collectively.
+    reshard_plan, rollout_mesh = generation_mesh(plan.meshes["actor"], plan.meshes["rollout"])
+    meshes = {**plan.meshes, "rollout": rollout_mesh}
+    groups = build_groups(meshes)
+
+    roles: dict[str, ModelRole] = {}
+    for role in ("actor", "critic", "ref", "reward"):
+        if role not in meshes or groups[role] is None:
+            continue
+        trained = role in ("actor", "critic")
+        lr = cfg.trainer.critic_lr or cfg.trainer.lr if role == "critic" else cfg.trainer.lr
+        settings = OptimizerSettings(lr=lr, weight_decay=cfg.trainer.weight_decay, grad_clip=cfg.trainer.grad_clip)
+        roles[role] = build_model_role(
+            role, meshes[role], groups[role], hf_dir, HEADS[role], dtype, cfg.roles.get(role).micro_batch_size,
+            optimizer=settings if trained else None, seed=cfg.trainer.seed,
+        )
+
+    sampling = SamplingParams(
+        max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+        top_k=max(cfg.rollout.top_k, 0), stop_token_ids=tuple(cfg.rollout.stop_token_ids),
+        pad_token_id=tokenizer.pad_token_id, seed=cfg.trainer.seed,
+    )
+    rollout = build_rollout_role(rollout_mesh, groups["rollout"], reshard_plan, hf_dir,
+                                 DTYPES[cfg.rollout.dtype or cfg.model.dtype], sampling, device)
+    rollout.sync(roles.get("actor"))  # the engine starts from the actor's weights, through the bridge
+    alg = cfg.algorithm
+    trainer = RLTrainer(
+        cfg=cfg, roles=roles, meshes=meshes, rollout=rollout,
+        score_fn=build_score_fn(cfg, tokenizer, roles.get("reward"), meshes.get("reward"), device),
+        kl_ctl=build_kl_controller(alg.kl_controller, alg.kl_coef, alg.kl_target, alg.kl_horizon),
+        estimator=build_advantage_estimator(alg.name, gamma=alg.gamma, lam=alg.lam, whiten=alg.whiten_advantages,
+                                            group_size=cfg.rollout.n_samples_per_prompt),
+        device=device,
+    )
+    dataset = load_prompt_dataset(cfg.data.source, cfg.data.prompt_key, seed=cfg.trainer.seed)
+    return BuiltRun(trainer, tokenizer, dataset, hf_dir, work_dir)

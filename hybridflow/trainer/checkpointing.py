@@ -1,0 +1,89 @@
+"""Checkpoint and resume: trained roles through megatron-core dist_checkpointing, the rest per rank.
+
+A checkpoint is written to `step_N.partial/` and renamed to `step_N/` only after every rank finished, so
+a run killed mid-write leaves a `.partial` directory that `resume=auto` never picks.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from megatron.core import dist_checkpointing
+from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+from hybridflow.errors import UserError
+from hybridflow.roles.model_role import ModelRole
+from megatron_adapters.checkpoint import sharded_state, unwrap
+
+TRAINED = ("actor", "critic")
+
+
+def step_dir(root: Path, step: int) -> Path:
+    return root / f"step_{step:06d}"
+
+
+def latest_complete(root: Path) -> Path | None:
+    """The newest fully written checkpoint under `root` (partial ones never count)."""
+    done = sorted(p for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(".partial"))
+    return done[-1] if done else None
+
+
+def _rng_state() -> dict:
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+            "tracker": get_cuda_rng_tracker().get_states()}
+
+
+def _set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None:
+        torch.cuda.set_rng_state_all(state["cuda"])
+    get_cuda_rng_tracker().set_states(state["tracker"])
+
+
+def check_checkpointable(roles: dict[str, ModelRole], meshes: dict) -> None:
+    """dist_checkpointing writes the non-tensor state from global rank 0: it must hold every trained role."""
+    for role in TRAINED:
+        if role in meshes and 0 not in meshes[role].ranks:
+            raise UserError(
+                f"trainer.save_every: checkpoints need rank 0 to hold the {role} (it writes the common state); "
+                "put GPU 0 in its placement.resources or set trainer.save_every=0"
+            )
+
+
+def save(root: Path, step: int, roles: dict[str, ModelRole], rank_state: dict) -> Path:
+    """Collective: write step `step` (trained roles + this rank's RNG/loader/controller state)."""
+    final, partial = step_dir(root, step), step_dir(root, step).with_name(step_dir(root, step).name + ".partial")
+    if dist.get_rank() == 0:
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+    dist.barrier()
+    state = {name: sharded_state(roles[name].model, roles[name].optimizer) for name in TRAINED if name in roles}
+    dist_checkpointing.save(state, str(partial))
+    torch.save({**rank_state, "rng": _rng_state()}, partial / f"rank{dist.get_rank():05d}.pt")
+    dist.barrier()
+    if dist.get_rank() == 0:
+        partial.rename(final)
+    dist.barrier()
+    return final
+
+
+def load(path: Path, roles: dict[str, ModelRole]) -> dict:
+    """Collective: restore trained roles and return this rank's saved state (RNG restored already)."""
+    state = {name: sharded_state(roles[name].model, roles[name].optimizer, is_loading=True)
+             for name in TRAINED if name in roles}
+    with torch.no_grad():
+        loaded = dist_checkpointing.load(state, str(path))
+    for name in state:
+        unwrap(roles[name].model).load_state_dict(loaded[name]["model"], strict=False)
+        roles[name].optimizer.load_state_dict(loaded[name]["optimizer"])
+    rank_state = torch.load(path / f"rank{dist.get_rank():05d}.pt", weights_only=False)
+    _set_rng_state(rank_state.pop("rng"))
+    return rank_state

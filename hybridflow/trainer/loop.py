@@ -1,0 +1,82 @@
+"""The run: build, resume or warm up, RL steps with metrics and checkpoints, export the actor to HF."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch.distributed as dist
+
+from hybridflow.config import ExperimentConfig
+from hybridflow.data import PromptLoader, collate_sft
+from hybridflow.errors import UserError
+from hybridflow.placement import Plan
+from hybridflow.roles.model_role import unwrap
+from hybridflow.trainer import checkpointing
+from hybridflow.trainer.batch import StepBatch, encode_prompts, pad_columns
+from hybridflow.trainer.build import build_run
+from hybridflow.trainer.metrics import MetricsLog
+from megatron_adapters.hf_safetensors import save_hf_weights
+
+
+def next_step_batch(loader: PromptLoader, tokenizer, cfg: ExperimentConfig) -> StepBatch:
+    """The next prompts, each repeated n_samples_per_prompt times (a prompt's samples stay contiguous)."""
+    n = cfg.rollout.n_samples_per_prompt
+    rows = [row for row in loader.next_rows() for _ in range(n)]
+    prompts = [row[cfg.data.prompt_key] for row in rows]
+    tokens, lens = encode_prompts(tokenizer, prompts, cfg.data.seq_length, tokenizer.pad_token_id)
+    return StepBatch(rows=rows, tokens=tokens, prompt_lens=lens)
+
+
+def warmup(trainer, loader: PromptLoader, tokenizer, cfg: ExperimentConfig, log: MetricsLog) -> None:
+    """Supervised steps on the dataset's answers so the policy starts with non-zero reward."""
+    for step in range(cfg.trainer.warmup_sft_steps):
+        rows = loader.next_rows() * cfg.rollout.n_samples_per_prompt
+        if "answer" not in rows[0]:
+            raise UserError("trainer.warmup_sft_steps: the dataset rows have no 'answer' field to imitate; "
+                            "set trainer.warmup_sft_steps=0")
+        sft = collate_sft(tokenizer, [r[cfg.data.prompt_key] for r in rows], [r["answer"] for r in rows],
+                          cfg.data.seq_length)
+        tensors = {"input_ids": pad_columns(sft.input_ids, cfg.data.seq_length, tokenizer.pad_token_id),
+                   "loss_mask": pad_columns(sft.loss_mask, cfg.data.seq_length, 0.0)}
+        metrics = trainer.warmup(tensors) if "actor" in trainer.roles else {}
+        log.log(step + 1, metrics, phase="sft")
+    trainer.rollout.sync(trainer.roles.get("actor"))
+
+
+def train(cfg: ExperimentConfig, plan: Plan) -> dict[str, float]:
+    """Run the experiment on this rank; returns the last step's metrics."""
+    work_dir = Path(cfg.trainer.output_dir)
+    built = build_run(cfg, plan, work_dir)
+    trainer, tokenizer = built.trainer, built.tokenizer
+    seed, batch = cfg.trainer.seed, cfg.data.train_batch_size
+    loader = PromptLoader(built.dataset, tokenizer, batch, cfg.data.max_prompt_length, seed=seed)
+    ckpt_root = work_dir / "checkpoints"
+    if cfg.trainer.save_every:
+        checkpointing.check_checkpointable(trainer.roles, trainer.meshes)
+    resume_from = {"auto": checkpointing.latest_complete(ckpt_root), "never": None}.get(
+        cfg.trainer.resume, Path(cfg.trainer.resume))
+    start = 0
+    log = None
+    if resume_from is not None:
+        state = checkpointing.load(resume_from, trainer.roles)
+        loader.load_state_dict(state["loader"])
+        trainer.kl_ctl.load_state_dict(state["kl"])
+        trainer.rollout.step, start = state["rollout_step"], state["step"]
+        trainer.rollout.sync(trainer.roles.get("actor"))
+    log = MetricsLog(work_dir, cfg.trainer.total_steps, start, active=dist.get_rank() == 0)
+    if resume_from is None:
+        warmup(trainer, PromptLoader(built.dataset, tokenizer, batch, cfg.data.max_prompt_length, seed=seed + 1),
+               tokenizer, cfg, log)
+    metrics: dict[str, float] = {}
+    for step in range(start, cfg.trainer.total_steps):
+        metrics = trainer.step(next_step_batch(loader, tokenizer, cfg))
+        log.log(step + 1, metrics)
+        every = cfg.trainer.save_every
+        if every and ((step + 1) % every == 0 or step + 1 == cfg.trainer.total_steps):
+            checkpointing.save(ckpt_root, step + 1, trainer.roles, {
+                "step": step + 1, "loader": loader.state_dict(), "kl": trainer.kl_ctl.state_dict(),
+                "rollout_step": trainer.rollout.step})
+    if "actor" in trainer.roles:
+        save_hf_weights(unwrap(trainer.roles["actor"].model), work_dir / "final_hf", built.hf_dir)
+    log.close()
+    return metrics

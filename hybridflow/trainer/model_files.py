@@ -1,0 +1,58 @@
+"""Where the run's HF checkpoint and tokenizer come from: local paths, or made locally for built-in tasks.
+
+No model hub is involved. With `model.path` unset (the CPU default) rank 0 writes a small random HF
+checkpoint of the configured shape and a character tokenizer into the run directory, so every role loads
+its weights through the same HF safetensors path a real checkpoint takes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import transformers
+
+from hybridflow.config import ExperimentConfig, ModelConfig
+from hybridflow.data import build_char_tokenizer
+from hybridflow.errors import UserError
+
+_CONFIG_CLASSES = {
+    "LlamaForCausalLM": transformers.LlamaConfig,
+    "Qwen2ForCausalLM": transformers.Qwen2Config,
+    "MistralForCausalLM": transformers.MistralConfig,
+}
+
+
+def random_hf_checkpoint(model: ModelConfig, out_dir: Path, seed: int) -> None:
+    """Save a randomly initialised HF causal LM of `model`'s shape to `out_dir` (fp32)."""
+    fields = dict(
+        hidden_size=model.hidden_size, intermediate_size=model.intermediate_size,
+        num_hidden_layers=model.num_hidden_layers, num_attention_heads=model.num_attention_heads,
+        num_key_value_heads=model.num_key_value_heads, vocab_size=model.vocab_size,
+        max_position_embeddings=model.max_position_embeddings, rope_theta=model.rope_theta,
+        rms_norm_eps=model.rms_norm_eps, tie_word_embeddings=model.tie_word_embeddings,
+        bos_token_id=1, eos_token_id=2, pad_token_id=0,
+    )
+    if model.architecture != "Qwen2ForCausalLM":
+        fields["attention_bias"] = model.attention_bias
+    config = _CONFIG_CLASSES[model.architecture](**fields)
+    torch.manual_seed(seed)
+    transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(out_dir)
+
+
+def ensure_model_files(cfg: ExperimentConfig, work_dir: Path) -> tuple[str, str]:
+    """(HF checkpoint dir, tokenizer dir), creating the local stand-ins on rank 0 when paths are unset."""
+    hf_dir = Path(cfg.model.path) if cfg.model.path else work_dir / "init_model"
+    tok_dir = Path(cfg.data.tokenizer) if cfg.data.tokenizer else (
+        Path(cfg.model.path) if cfg.model.path else work_dir / "tokenizer")
+    if dist.get_rank() == 0:
+        if not cfg.model.path and not (hf_dir / "config.json").is_file():
+            random_hf_checkpoint(cfg.model, hf_dir, cfg.trainer.seed)
+        if not cfg.data.tokenizer and not cfg.model.path and not (tok_dir / "tokenizer.json").is_file():
+            tokenizer = build_char_tokenizer(tok_dir)
+            if len(tokenizer) > cfg.model.vocab_size:
+                raise UserError(f"model.vocab_size: {cfg.model.vocab_size} < the character tokenizer's "
+                                f"{len(tokenizer)} ids; set model.vocab_size={len(tokenizer)}")
+    dist.barrier()
+    return str(hf_dir), str(tok_dir)

@@ -1,0 +1,205 @@
+"""The RL step, top to bottom: generate -> reward -> ref -> values -> advantages -> update critic ->
+update actor -> sync weights to the rollout. Every rank runs it; each stage runs on the ranks of its role
+and ends with its results shared to every rank (`share`), so roles on disjoint ranks work concurrently.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from hybridflow.algorithms import (
+    ActorLossConfig,
+    CriticLossConfig,
+    actor_loss,
+    critic_loss,
+    kl_penalized_rewards,
+    last_token_scores,
+    masked_mean,
+    sft_loss,
+)
+from hybridflow.config import ExperimentConfig
+from hybridflow.roles.exchange import share_from_role
+from hybridflow.roles.model_role import ModelRole, per_token_logprobs, per_token_values
+from hybridflow.trainer.batch import StepBatch
+
+
+class ParityError(RuntimeError):
+    """The rollout's log-probs disagree with the actor's beyond `trainer.parity_max_abs`."""
+
+
+class StageTimer:
+    """Wall time per stage on this rank (CUDA work is synchronised at each boundary)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, stage: str) -> Iterator[None]:
+        start = time.perf_counter()
+        yield
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - start
+
+
+@dataclass
+class RLTrainer:
+    cfg: ExperimentConfig
+    roles: dict[str, ModelRole]  # the model roles this rank holds (actor, critic, ref, reward)
+    meshes: dict  # every enabled role's RoleMesh (also for roles this rank does not hold)
+    rollout: object  # hybridflow.trainer.rollout_stage.RolloutStage
+    score_fn: Callable[[StepBatch], torch.Tensor]
+    kl_ctl: object
+    estimator: object
+    device: torch.device
+
+    # ---- one step -------------------------------------------------------------------------------
+    def step(self, batch: StepBatch) -> dict[str, float]:
+        timer = StageTimer()
+        with timer("generate"):
+            self.rollout.generate(batch)
+        with timer("reward"):
+            batch.scores = self.score_fn(batch)
+        temperature = self.cfg.rollout.temperature or 1.0
+        with timer("ref"):
+            ref = self._infer("ref", batch, lambda r: per_token_logprobs(r, temperature))
+        with timer("values"):
+            values = self._infer("critic", batch, lambda r: per_token_values)
+        with timer("old_logprobs"):
+            old = self._infer("actor", batch, lambda r: per_token_logprobs(r, temperature))
+        with timer("exchange"):
+            batch.old_logprobs = self.share("actor", old, batch)
+            batch.ref_logprobs = self.share("ref", ref, batch) if "ref" in self.meshes else None
+            batch.values = self.share("critic", values, batch) if "critic" in self.meshes else None
+        parity = self.parity(batch)
+        with timer("advantages"):
+            kl = self.assign_rewards(batch)
+            adv = self.estimator(batch.token_rewards, batch.response_mask, batch.values) \
+                if batch.values is not None else self.estimator(batch.token_rewards, batch.response_mask)
+            batch.advantages, batch.returns = adv.advantages, adv.returns
+        metrics: dict[str, float] = {}
+        with timer("update_critic"):
+            if "critic" in self.roles:
+                metrics |= self._update("critic", batch, self._critic_loss, ("values", "returns"))
+        with timer("update_actor"):
+            if "actor" in self.roles:
+                metrics |= self._update("actor", batch, self._actor_loss(temperature),
+                                        ("old_logprobs", "advantages") + (("ref_logprobs",) if self._kl_loss else ()))
+        with timer("sync"):
+            self.rollout.sync(self.roles.get("actor"))
+        self.kl_ctl.update(kl, batch.size)
+        return self._step_metrics(batch, metrics, parity, kl, timer)
+
+    @property
+    def _kl_loss(self) -> bool:
+        return "ref" in self.meshes and not self.cfg.algorithm.kl_in_reward and self.cfg.algorithm.kl_coef > 0
+
+    # ---- stages ---------------------------------------------------------------------------------
+    def _infer(self, role: str, batch: StepBatch, per_token) -> torch.Tensor | None:
+        if role not in self.roles:
+            return None
+        r = self.roles[role]
+        return r.forward(batch.tensors(rows=r.local_rows(batch.size)), per_token(r))
+
+    def share(self, role: str, local: torch.Tensor | None, batch: StepBatch) -> torch.Tensor:
+        return share_from_role(local, self.meshes[role], batch.size, tuple(batch.tokens.shape[1:]),
+                               torch.float32, self.device).cpu()
+
+    def parity(self, batch: StepBatch) -> dict[str, float]:
+        """Compare the rollout's log-probs of its samples with the actor's recomputation; fail loudly."""
+        mask = batch.response_mask.bool()
+        diff = (batch.rollout_logprobs - batch.old_logprobs).abs()[mask]
+        out = {"parity/max_abs": float(diff.max()) if diff.numel() else 0.0,
+               "parity/mean_abs": float(diff.mean()) if diff.numel() else 0.0}
+        if out["parity/max_abs"] > self.cfg.trainer.parity_max_abs:
+            raise ParityError(
+                f"trainer.parity_max_abs: rollout vs actor log-prob max abs diff {out['parity/max_abs']:.3g} > "
+                f"{self.cfg.trainer.parity_max_abs:g} (mean {out['parity/mean_abs']:.3g}); the engines disagree "
+                "(weights out of sync, or dtype); raise the threshold for bf16 engines"
+            )
+        return out
+
+    def assign_rewards(self, batch: StepBatch) -> float:
+        """Token rewards from the scores (and the KL penalty when it lives in the reward); returns mean KL."""
+        mask = batch.response_mask
+        if batch.ref_logprobs is None:
+            batch.token_rewards = last_token_scores(batch.scores, mask)
+            return 0.0
+        if self.cfg.algorithm.kl_in_reward:
+            batch.token_rewards, kl = kl_penalized_rewards(
+                batch.scores, batch.old_logprobs, batch.ref_logprobs, mask, self.kl_ctl.value)
+        else:
+            batch.token_rewards = last_token_scores(batch.scores, mask)
+            kl = batch.old_logprobs - batch.ref_logprobs
+        return float(masked_mean(kl, mask))
+
+    def _update(self, role: str, batch: StepBatch, loss_fn, fields: tuple[str, ...]) -> dict[str, float]:
+        """PPO epochs x mini-batches; each mini-batch is split over the role's DP replicas."""
+        r, alg = self.roles[role], self.cfg.algorithm
+        collected: dict[str, list[float]] = {}
+        for _ in range(alg.ppo_epochs):
+            for start in range(0, batch.size, alg.mini_batch_size):
+                mine = r.local_rows(alg.mini_batch_size)  # this replica's share of the mini-batch
+                rows = slice(start + mine.start, start + mine.stop)
+                tensors = batch.tensors("response_mask", *fields, rows=rows)
+                for k, v in r.train(tensors, loss_fn).items():
+                    collected.setdefault(f"{role}/{k}", []).append(v)
+        return {k: sum(v) / len(v) for k, v in collected.items()}
+
+    def _actor_loss(self, temperature: float):
+        alg, actor = self.cfg.algorithm, self.roles["actor"]
+        cfg = ActorLossConfig(clip_low=alg.cliprange, entropy_coef=alg.entropy_coef,
+                              kl_loss_coef=alg.kl_coef if self._kl_loss else 0.0)
+
+        def fn(logits, mb):
+            logp, ent = actor.logprobs(logits, mb["input_ids"], temperature, with_entropy=True)
+            out = actor_loss(logp, mb["old_logprobs"], mb["advantages"], mb["response_mask"], cfg,
+                             entropy=ent, ref_logprobs=mb.get("ref_logprobs"))
+            return _mean_loss(out)
+
+        return fn
+
+    def _critic_loss(self, values, mb):
+        cfg = CriticLossConfig(cliprange_value=self.cfg.algorithm.cliprange_value)
+        v = per_token_values(values, mb)
+        return _mean_loss(critic_loss(v, mb["values"], mb["returns"], mb["response_mask"], cfg))
+
+    def warmup(self, tensors: dict[str, torch.Tensor]) -> dict[str, float]:
+        """One supervised step on the actor (prompt + answer tokens, loss on the answer)."""
+        actor = self.roles["actor"]
+
+        def fn(logits, mb):
+            return _mean_loss(sft_loss(actor.logprobs(logits, mb["input_ids"]), mb["loss_mask"]))
+
+        rows = actor.local_rows(tensors["input_ids"].shape[0])
+        return actor.train({k: v[rows] for k, v in tensors.items()}, fn)
+
+    # ---- metrics --------------------------------------------------------------------------------
+    def _step_metrics(self, batch, metrics, parity, kl, timer) -> dict[str, float]:
+        mask = batch.response_mask.float()
+        lengths = mask.sum(1)
+        tokens = float((batch.prompt_lens + lengths).sum())
+        step_time = sum(timer.seconds.values())
+        world = dist.get_world_size()
+        out = {
+            "reward/mean": float(batch.scores.mean()), "reward/std": float(batch.scores.std()),
+            "kl": kl, "kl_coef": float(self.kl_ctl.value), "response_length": float(lengths.mean()),
+            "tokens_per_s": tokens / step_time, "tokens_per_s_per_gpu": tokens / step_time / world,
+            "step_time_s": step_time, **parity, **metrics,
+            **{f"time/{k}": v for k, v in timer.seconds.items()},
+        }
+        if torch.cuda.is_available():
+            out["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        return out
+
+
+def _mean_loss(out) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """megatron's schedule wants a per-micro-batch mean; metrics stay token sums plus the token count."""
+    tokens = out.num_tokens.clamp(min=1)
+    return out.loss_sum / tokens, {**out.metrics, "num_tokens": out.num_tokens.float()}

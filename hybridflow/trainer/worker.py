@@ -1,0 +1,18 @@
+"""What each rank runs: join torch.distributed, switch megatron-core to CPU where there is no GPU, train."""
+
+from __future__ import annotations
+
+from hybridflow.config import load_experiment
+from hybridflow.launch import init_distributed
+from hybridflow.placement import plan_placement
+from hybridflow.trainer.loop import train
+from megatron_adapters.cpu_backend import enable_cpu_backend
+
+
+def worker_main(experiment: str | None, overrides: list[str]) -> dict[str, float]:
+    """Entry point of one rank (started by the local launcher, torchrun or srun)."""
+    cfg = load_experiment(experiment, overrides)
+    plan = plan_placement(cfg)
+    init_distributed(cfg.distributed)
+    enable_cpu_backend()
+    return train(cfg, plan)
