@@ -1,0 +1,21 @@
+"""Prompt data and reward function."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class DataConfig:
+    source: str = "builtin:add"  # "builtin:<task>" or a local .jsonl / .parquet path
+    prompt_key: str = "prompt"
+    tokenizer: str | None = None  # local HF tokenizer dir; None = built-in character tokenizer
+    max_prompt_length: int = 32
+    train_batch_size: int = 8  # prompts per step
+    seq_length: int = 64  # prompt + response tokens per sample (training sequence length)
+
+
+@dataclass
+class RewardConfig:
+    fn: str | None = None  # "pkg.module:function", rule-based reward
+    use_model: bool = False  # True: a reward model on the `reward` role's GPUs

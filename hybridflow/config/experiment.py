@@ -1,0 +1,146 @@
+"""The whole experiment: one typed tree composed from conf/ by Hydra."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hybridflow.config.algorithm import ALGORITHMS, KL_CONTROLLERS, AlgorithmConfig
+from hybridflow.config.cluster import ClusterConfig, resolve_cluster
+from hybridflow.config.data import DataConfig, RewardConfig
+from hybridflow.config.model import ModelConfig, apply_hf_checkpoint, validate_model
+from hybridflow.config.parallel import ROLES, RolesConfig
+from hybridflow.config.placement import PlacementConfig
+from hybridflow.config.rollout import ROLLOUT_ENGINES, RolloutConfig
+from hybridflow.config.trainer import BACKENDS, DistributedConfig, TrainerConfig
+from hybridflow.errors import UserError
+
+RECOMPUTE_MODES = ("none", "selective", "full")
+
+
+@dataclass
+class ExperimentConfig:
+    name: str = "default"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    critic_model: ModelConfig | None = None  # None = model
+    reward_model: ModelConfig | None = None  # None = model
+    roles: RolesConfig = field(default_factory=RolesConfig)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+
+    def role_model(self, role: str) -> ModelConfig:
+        """The model a role runs: critic and reward may name their own, the rest run `model`."""
+        if role == "critic" and self.critic_model is not None:
+            return self.critic_model
+        if role == "reward" and self.reward_model is not None:
+            return self.reward_model
+        return self.model
+
+
+def _choice(field_name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise UserError(f"{field_name}: {value!r} is unknown; use one of {', '.join(allowed)}")
+
+
+def _positive(field_name: str, value: int | float | None) -> None:
+    if value is not None and value < 1:
+        raise UserError(f"{field_name}: must be >= 1, got {value}; set a positive integer")
+
+
+def finalize_experiment(cfg: ExperimentConfig) -> ExperimentConfig:
+    """Fill derived defaults (checkpoint shapes, GPU figures, ref layout) and check cross-field rules."""
+    cfg.model = apply_hf_checkpoint(cfg.model, "model")
+    for name in ("critic_model", "reward_model"):
+        if getattr(cfg, name) is not None:
+            setattr(cfg, name, apply_hf_checkpoint(getattr(cfg, name), name))
+    for name in ("model", "critic_model", "reward_model"):
+        if getattr(cfg, name) is not None:
+            validate_model(getattr(cfg, name), name)
+    cfg.cluster = resolve_cluster(cfg.cluster)
+
+    _choice("algorithm.name", cfg.algorithm.name, ALGORITHMS)
+    _choice("algorithm.kl_controller", cfg.algorithm.kl_controller, KL_CONTROLLERS)
+    _choice("rollout.engine", cfg.rollout.engine, ROLLOUT_ENGINES)
+    _choice("distributed.backend", cfg.distributed.backend, BACKENDS)
+    _choice("placement.mode", cfg.placement.mode, ("explicit", "auto"))
+
+    _inherit_ref_parallel(cfg)
+    for role in ROLES:
+        rc = cfg.roles.get(role)
+        _positive(f"roles.{role}.parallel.tp", rc.parallel.tp)
+        _positive(f"roles.{role}.parallel.pp", rc.parallel.pp)
+        _positive(f"roles.{role}.parallel.dp", rc.parallel.dp)
+        _positive(f"roles.{role}.micro_batch_size", rc.micro_batch_size)
+        _choice(f"roles.{role}.activation_recompute", rc.activation_recompute, RECOMPUTE_MODES)
+    for role in ("actor", "rollout"):
+        if not cfg.roles.get(role).enabled:
+            raise UserError(f"roles.{role}.enabled: every experiment needs the {role}; set it to true")
+
+    _check_algorithm_roles(cfg)
+    _check_lengths(cfg)
+    return cfg
+
+
+def _inherit_ref_parallel(cfg: ExperimentConfig) -> None:
+    ref, actor = cfg.roles.ref.parallel, cfg.roles.actor.parallel
+    for name in ("tp", "pp", "sequence_parallel"):
+        if getattr(ref, name) is None:
+            setattr(ref, name, getattr(actor, name))
+    for role in ROLES:
+        par = cfg.roles.get(role).parallel
+        for name in ("tp", "pp", "sequence_parallel"):
+            if getattr(par, name) is None:
+                raise UserError(f"roles.{role}.parallel.{name}: is null; set it (tp/pp >= 1)")
+
+
+def _check_algorithm_roles(cfg: ExperimentConfig) -> None:
+    critic_on = cfg.roles.critic.enabled
+    if cfg.algorithm.name == "ppo" and not critic_on:
+        raise UserError("roles.critic.enabled: PPO needs a critic for GAE; set it to true or algorithm=grpo")
+    if cfg.algorithm.name == "grpo" and critic_on:
+        raise UserError("roles.critic.enabled: GRPO uses no critic; set roles.critic.enabled=false")
+    if cfg.algorithm.name == "grpo" and cfg.rollout.n_samples_per_prompt < 2:
+        raise UserError(
+            f"rollout.n_samples_per_prompt: GRPO normalises within a group of samples, got "
+            f"{cfg.rollout.n_samples_per_prompt}; set it to >= 2"
+        )
+    if cfg.roles.reward.enabled != cfg.reward.use_model:
+        raise UserError(
+            f"roles.reward.enabled: is {cfg.roles.reward.enabled} but reward.use_model is "
+            f"{cfg.reward.use_model}; set both to the same value"
+        )
+    # Built-in tasks bring their own answer-matching reward (hybridflow.rewards) when reward.fn is unset.
+    if not cfg.reward.use_model and not cfg.reward.fn and not cfg.data.source.startswith("builtin:"):
+        raise UserError(
+            f"reward.fn: not set and data.source={cfg.data.source!r} is not a built-in task; "
+            "set reward.fn=package.module:function or reward.use_model=true"
+        )
+
+
+def _check_lengths(cfg: ExperimentConfig) -> None:
+    _positive("data.train_batch_size", cfg.data.train_batch_size)
+    _positive("algorithm.mini_batch_size", cfg.algorithm.mini_batch_size)
+    _positive("rollout.n_samples_per_prompt", cfg.rollout.n_samples_per_prompt)
+    need = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
+    if cfg.data.seq_length < need:
+        raise UserError(
+            f"data.seq_length: {cfg.data.seq_length} < max_prompt_length + rollout.max_new_tokens = {need}; "
+            f"set data.seq_length={need} or shorten them"
+        )
+    if cfg.data.seq_length > cfg.model.max_position_embeddings:
+        raise UserError(
+            f"data.seq_length: {cfg.data.seq_length} exceeds model.max_position_embeddings="
+            f"{cfg.model.max_position_embeddings}; lower it"
+        )
+    samples = cfg.data.train_batch_size * cfg.rollout.n_samples_per_prompt
+    if samples % cfg.algorithm.mini_batch_size:
+        raise UserError(
+            f"algorithm.mini_batch_size: {cfg.algorithm.mini_batch_size} does not divide the "
+            f"{samples} samples per step (data.train_batch_size x rollout.n_samples_per_prompt); "
+            "use a divisor"
+        )

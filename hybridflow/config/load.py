@@ -1,0 +1,140 @@
+"""Compose an experiment from conf/ with Hydra's compose API (no @hydra.main: no output dirs, no logs)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import typing
+from collections.abc import Sequence
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from hybridflow.config.experiment import ExperimentConfig, finalize_experiment
+from hybridflow.config.store import register_schema
+from hybridflow.errors import UserError
+
+DEFAULT_EXPERIMENT = "tiny_cpu"
+
+
+def conf_dir() -> Path:
+    """The Hydra tree: $HYBRIDFLOW_CONF_DIR, else the repository's conf/."""
+    env = os.environ.get("HYBRIDFLOW_CONF_DIR")
+    return Path(env) if env else Path(__file__).resolve().parents[2] / "conf"
+
+
+def split_argv(
+    argv: Sequence[str], default_experiment: str | None = DEFAULT_EXPERIMENT
+) -> tuple[str | None, list[str]]:
+    """Split Hydra-style argv into (experiment, other overrides).
+
+    `+experiment=NAME` (or `experiment=NAME`) picks the experiment; without it `default_experiment` is used.
+    """
+    experiment, overrides = default_experiment, []
+    for arg in argv:
+        match = re.fullmatch(r"\+{0,2}experiment=(.*)", arg)
+        if match:
+            experiment = match.group(1)
+        else:
+            overrides.append(arg)
+    return experiment, overrides
+
+
+def load_experiment(experiment: str | None, overrides: Sequence[str] = ()) -> ExperimentConfig:
+    """Compose conf/config.yaml (+ `experiment/<experiment>.yaml`) with `overrides`, type-check it against
+    the ConfigStore schema and return the typed, finalized `ExperimentConfig`.
+
+    Raises UserError naming the key for unknown experiments, unknown keys, wrong types and bad values.
+    """
+    register_schema()
+    root = conf_dir()
+    if experiment is not None and not (root / "experiment" / f"{experiment}.yaml").is_file():
+        known = sorted(p.stem for p in (root / "experiment").glob("*.yaml"))
+        raise UserError(f"experiment: {experiment!r} is unknown; use one of {', '.join(known)}")
+    all_overrides = list(overrides) + ([f"+experiment={experiment}"] if experiment else [])
+    try:
+        raw = _compose(root, all_overrides)
+        # Hydra lets `+key=...` add undeclared keys: refuse them; the merge into a closed schema checks types.
+        _reject_unknown_keys(raw, ExperimentConfig, "")
+        typed = OmegaConf.merge(_strict_schema(), raw)
+        cfg = OmegaConf.to_object(typed)
+    except (HydraException, OmegaConfBaseException) as err:
+        raise UserError(describe_config_error(err)) from None
+    except AssertionError:
+        # OmegaConf asserts when an override sets a key below a null node (e.g. critic_model.hidden_size).
+        raise UserError(_null_parent_error(root, experiment, overrides)) from None
+    assert isinstance(cfg, ExperimentConfig)
+    return finalize_experiment(cfg)
+
+
+OPEN_DICTS = ("placement.resources", "rollout.engine_args")  # free-form maps; everything else is closed
+
+
+def _strict_schema():
+    schema = OmegaConf.structured(ExperimentConfig)
+    OmegaConf.set_struct(schema, True)
+    for key in OPEN_DICTS:
+        OmegaConf.set_struct(OmegaConf.select(schema, key), False)
+    return schema
+
+
+def _reject_unknown_keys(node: DictConfig, schema: type, prefix: str) -> None:
+    """Hydra lets `+key=value` add keys the schema does not declare; refuse them, naming the key."""
+    hints = typing.get_type_hints(schema)
+    for key in node.keys():
+        full = f"{prefix}{key}"
+        if key not in hints:
+            known = ", ".join(f.name for f in dataclasses.fields(schema))
+            raise UserError(f"{full}: unknown key; {prefix.rstrip('.') or 'the top level'} takes {known}")
+        child = node._get_node(key)
+        sub = _dataclass_of(hints[key])
+        if sub is not None and isinstance(child, DictConfig) and not child._is_none():
+            _reject_unknown_keys(child, sub, f"{full}.")
+
+
+def _dataclass_of(hint: object) -> type | None:
+    candidates = typing.get_args(hint) or (hint,)
+    return next((c for c in candidates if dataclasses.is_dataclass(c)), None)
+
+
+def _compose(root: Path, overrides: list[str]):
+    with initialize_config_dir(config_dir=str(root), version_base="1.3"):
+        return compose(config_name="config", overrides=overrides)
+
+
+def _null_parent_error(root: Path, experiment: str | None, overrides: Sequence[str]) -> str:
+    base = _compose(root, [f"+experiment={experiment}"] if experiment else [])
+    for override in overrides:
+        key = override.lstrip("+~").split("=", 1)[0]
+        parts = key.split(".")
+        for i in range(1, len(parts)):
+            parent = ".".join(parts[:i])
+            if OmegaConf.select(base, parent, default=0) is None:
+                return (
+                    f"{key}: its parent {parent} is null; set {parent} as a whole first "
+                    f"(e.g. '+model@{parent}=NAME' or '{parent}={{...}}')"
+                )
+    return "config: an override sets a key below a null node; set the null node as a whole"
+
+
+def describe_config_error(err: BaseException) -> str:
+    """One line `<key>: <problem>; <fix>` from a Hydra/OmegaConf composition error."""
+    cause: BaseException | None = err
+    while cause is not None and not isinstance(cause, OmegaConfBaseException):
+        cause = cause.__cause__ or cause.__context__
+    if cause is not None and getattr(cause, "full_key", None):
+        key = cause.full_key
+        text = str(cause).split("\n")[0].strip()
+        if "not in" in text or "Key" in text and "not" in text:
+            return f"{key}: unknown key ({text}); check the spelling against hybridflow/config/"
+        return f"{key}: {text}; use a value of the declared type (see hybridflow/config/)"
+    text = " ".join(str(err).split())
+    missing = re.search(r"Could not find '([^'/]+)/([^']+)'.*?Available options in '[^']+': (.*?) Config search", text)
+    if missing:
+        group, name, options = missing.groups()
+        return f"{group}: no config {name!r} in conf/{group}/; use one of {', '.join(options.split())}"
+    return f"config: {text.split(' Config search path')[0]}; check the overrides and conf/ group names"

@@ -1,0 +1,54 @@
+"""Per-role parallel layout and batch sizes. Every role has its own TP/PP/DP mesh."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+ROLES = ("actor", "critic", "ref", "reward", "rollout")
+TRAINED_ROLES = ("actor", "critic")
+
+
+@dataclass
+class ParallelConfig:
+    """Degrees of one role's mesh. `dp=None` means: the role's GPU count / (tp * pp).
+
+    `tp`/`pp`/`sequence_parallel` are None only in ref's defaults, meaning "the actor's"; after
+    `load_experiment` every role has integers here.
+    """
+
+    tp: int | None = 1
+    pp: int | None = 1
+    dp: int | None = None
+    # Megatron's sequence parallelism (only meaningful when tp > 1); the memory estimator uses it.
+    sequence_parallel: bool | None = True
+
+
+@dataclass
+class RoleConfig:
+    """One role: whether it runs, its mesh, its micro-batch size (samples per forward/backward)."""
+
+    enabled: bool = True
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    micro_batch_size: int = 1
+    offload_optimizer: bool = False
+    # "none" | "selective" (attention core recomputed, Korthikanti et al.) | "full" (whole layer)
+    activation_recompute: str = "selective"
+
+
+@dataclass
+class RolesConfig:
+    actor: RoleConfig = field(default_factory=RoleConfig)
+    critic: RoleConfig = field(default_factory=RoleConfig)
+    # ref's unset parallel fields inherit the actor's (same model, usually the same GPUs).
+    ref: RoleConfig = field(
+        default_factory=lambda: RoleConfig(parallel=ParallelConfig(tp=None, pp=None, sequence_parallel=None))
+    )
+    reward: RoleConfig = field(default_factory=lambda: RoleConfig(enabled=False))
+    rollout: RoleConfig = field(default_factory=RoleConfig)
+
+    def get(self, role: str) -> RoleConfig:
+        return getattr(self, role)
+
+    def enabled_roles(self) -> tuple[str, ...]:
+        """Enabled roles in canonical order (actor, critic, ref, reward, rollout)."""
+        return tuple(r for r in ROLES if self.get(r).enabled)

@@ -1,0 +1,27 @@
+"""Placement: cluster GPUs, per-role meshes, memory estimates, the explicit planner.
+
+Imports only hybridflow.config and hybridflow.errors (anything may import this package).
+"""
+
+from hybridflow.placement.cluster import GPU, cluster_gpus
+from hybridflow.placement.memory import GIB, MemoryEstimate, estimate_role_memory
+from hybridflow.placement.mesh import Dims, ParallelDims, RoleMesh
+from hybridflow.placement.planner import Plan, build_plan, colocation_sets, plan_placement, resolve_resources
+from hybridflow.placement.resources import parse_gpu_list
+
+__all__ = [
+    "GIB",
+    "GPU",
+    "Dims",
+    "MemoryEstimate",
+    "ParallelDims",
+    "Plan",
+    "RoleMesh",
+    "build_plan",
+    "cluster_gpus",
+    "colocation_sets",
+    "estimate_role_memory",
+    "parse_gpu_list",
+    "plan_placement",
+    "resolve_resources",
+]

@@ -1,0 +1,116 @@
+"""Checks of a role layout against the model, the cluster and the batch sizes (each names the fix)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from hybridflow.config.experiment import ExperimentConfig
+from hybridflow.errors import UserError
+from hybridflow.placement.cluster import GPU, nvlink_domain
+from hybridflow.placement.mesh import ParallelDims, RoleMesh
+
+
+def model_field(cfg: ExperimentConfig, role: str) -> str:
+    if role == "critic" and cfg.critic_model is not None:
+        return "critic_model"
+    if role == "reward" and cfg.reward_model is not None:
+        return "reward_model"
+    return "model"
+
+
+def check_layout_fits_model(cfg: ExperimentConfig, role: str, dims: ParallelDims) -> None:
+    """TP divides heads and query groups, PP divides layers, TP fits in one node / NVLink domain."""
+    model, mfield, field = cfg.role_model(role), model_field(cfg, role), f"roles.{role}.parallel"
+    tp, pp = dims.tp, dims.pp
+    if tp > cfg.cluster.gpus_per_node:
+        raise UserError(
+            f"{field}.tp: {tp} exceeds cluster.gpus_per_node={cfg.cluster.gpus_per_node}; TP stays inside "
+            f"one node: use tp <= {cfg.cluster.gpus_per_node} and raise pp or dp"
+        )
+    if tp > cfg.cluster.nvlink_domain_size:
+        raise UserError(
+            f"{field}.tp: {tp} exceeds cluster.nvlink_domain_size={cfg.cluster.nvlink_domain_size}; "
+            f"use tp <= {cfg.cluster.nvlink_domain_size}"
+        )
+    heads, groups = model.num_attention_heads, model.num_key_value_heads
+    if heads % tp:
+        raise UserError(f"{field}.tp: {tp} does not divide {mfield}.num_attention_heads={heads}; use a divisor")
+    # vLLM replicates KV heads when TP exceeds them; megatron needs whole query groups per TP rank.
+    replicated_kv_ok = role == "rollout" and cfg.rollout.engine == "vllm" and tp % groups == 0
+    if groups % tp and not replicated_kv_ok:
+        raise UserError(
+            f"{field}.tp: {tp} does not divide {mfield}.num_key_value_heads={groups} (query groups); "
+            f"use a divisor of {groups}"
+        )
+    layers = model.num_hidden_layers
+    if pp > layers:
+        raise UserError(f"{field}.pp: {pp} exceeds {mfield}.num_hidden_layers={layers}; use pp <= {layers}")
+    if layers % pp:
+        raise UserError(
+            f"{field}.pp: {pp} does not divide {mfield}.num_hidden_layers={layers}; use a divisor of {layers}"
+        )
+
+
+def check_tp_groups_local(mesh: RoleMesh, gpus: Sequence[GPU], cfg: ExperimentConfig) -> None:
+    """Every TP group lies inside one node's NVLink domain (TP all-reduces every layer)."""
+    for group in mesh.tp_groups():
+        domains = {nvlink_domain(gpus[r], cfg.cluster) for r in group}
+        if len(domains) > 1:
+            nodes = sorted({gpus[r].node for r in group})
+            where = f"nodes {nodes}" if len(nodes) > 1 else f"NVLink domains of node {nodes[0]}"
+            raise UserError(
+                f"placement.resources.{mesh.role}: TP group {list(group)} spans {where}; order the GPU list "
+                f"so each run of tp={mesh.tp} consecutive GPUs lies in one node"
+            )
+
+
+def check_batch_sizes(cfg: ExperimentConfig, role: str, dims: ParallelDims) -> None:
+    """Batches split evenly over DP and micro-batches."""
+    mbs = cfg.roles.get(role).micro_batch_size
+    samples = cfg.data.train_batch_size * cfg.rollout.n_samples_per_prompt
+    if role == "rollout":
+        if cfg.data.train_batch_size % dims.dp:
+            raise UserError(
+                f"data.train_batch_size: {cfg.data.train_batch_size} prompts do not split over the rollout's "
+                f"dp={dims.dp}; use a multiple of {dims.dp}"
+            )
+        return
+    unit = dims.dp * mbs
+    if role in ("actor", "critic"):
+        if cfg.algorithm.mini_batch_size % unit:
+            raise UserError(
+                f"algorithm.mini_batch_size: {cfg.algorithm.mini_batch_size} is not divisible by {role} dp x "
+                f"micro_batch_size = {dims.dp} x {mbs} = {unit}; use a multiple of {unit} or change "
+                f"roles.{role}.micro_batch_size"
+            )
+    elif samples % unit:
+        raise UserError(
+            f"roles.{role}.micro_batch_size: {samples} samples per step are not divisible by dp x "
+            f"micro_batch_size = {dims.dp} x {mbs} = {unit}; "
+            f"pick a micro_batch_size dividing {samples // dims.dp}"
+        )
+
+
+def check_colocation(cfg: ExperimentConfig, role_ranks: dict[str, tuple[int, ...]]) -> None:
+    """A rollout sharing GPUs with the actor takes its exact GPU list; `placement.colocate` groups match."""
+    actor, rollout = role_ranks.get("actor"), role_ranks.get("rollout")
+    if actor and rollout and set(actor) & set(rollout) and set(actor) != set(rollout):
+        raise UserError(
+            f"placement.resources.rollout: {list(rollout)} overlaps the actor's {list(actor)} without being "
+            "the same list; a colocated rollout takes the actor's exact GPUs (weights handed over in place): "
+            "use the actor's list or disjoint GPUs"
+        )
+    for i, group in enumerate(cfg.placement.colocate):
+        present = [r for r in group if r in role_ranks]
+        for role in group:
+            if role not in cfg.roles.__dataclass_fields__:
+                raise UserError(
+                    f"placement.colocate[{i}]: unknown role {role!r}; use actor, critic, ref, reward, rollout"
+                )
+        for role in present[1:]:
+            if set(role_ranks[role]) != set(role_ranks[present[0]]):
+                raise UserError(
+                    f"placement.resources.{role}: {list(role_ranks[role])} differs from {present[0]}'s "
+                    f"{list(role_ranks[present[0]])} but placement.colocate[{i}] declares them colocated; "
+                    "give them the same GPU list"
+                )

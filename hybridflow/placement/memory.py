@@ -1,0 +1,173 @@
+"""Per-GPU memory estimate of one role (bytes), a pure function of model, layout and experiment.
+
+Parts and the rules used (P = parameters held by the GPU: its pipeline stage's share, TP-sharded):
+  weights      P x model dtype bytes. A native (megatron) rollout on the actor's exact GPUs and layout
+               shares the actor's tensors (weights handed over in place): 0.
+  grads        P x 4 for trained roles (actor, critic): megatron keeps fp32 main grads for bf16 training.
+  optimizer    Adam, distributed optimizer: (fp32 master copy 4 + two fp32 moments 8) = 12 bytes per
+               parameter for bf16/fp16 models (8 for fp32 models, which need no master copy), sharded over
+               DP. 0 with `offload_optimizer` (states live in host memory).
+  activations  Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models")
+               per-layer accounting, redone for Llama blocks (RMSNorm, GQA, SwiGLU, no dropout). Elements
+               kept for backward per token per layer, h = hidden, h_kv = kv_heads x head_dim, f = FFN size,
+               a = heads, s = sequence length:
+                 attention  3h + 2h_kv + a*s   (QKV input, Q/K/V, softmax probs, out-proj input)
+                 MLP        h + 4f             (FC1 input, gate, up, silu(gate), down-proj input)
+                 norms      2h                 (RMSNorm inputs)
+               -> bytes/token/layer = dtype_bytes x (6h + 2h_kv + 4f + a*s). TP shards everything by t when
+               sequence parallelism is on; without it the 4h of norm and block inputs stay whole.
+               `selective` recompute (or flash attention) drops the a*s term; `full` keeps only the layer
+               input (h) per layer plus one layer's full activations while it is recomputed.
+               Training (1F1B): stage p holds min(pp - p, n_microbatches) micro-batches of its L/pp layers.
+               The LM head's fp32 logits add s x b x V_padded / t x 4 bytes on the last stage (actor, ref).
+               Forward-only roles (ref, reward) keep one layer's activations plus the logits.
+  kv_cache     rollout only. vllm: gpu_memory_utilization x capacity - weights (vLLM pre-allocates it).
+               megatron: what the batch needs, 2 (K,V) x L/pp x max(kv_heads/t, 1) x head_dim x dtype bytes
+               per token, for (prompts x samples / DP) sequences of data.seq_length tokens.
+Not counted: CUDA context, NCCL buffers, allocator fragmentation (keep some headroom).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+from hybridflow.config.experiment import ExperimentConfig
+from hybridflow.config.model import DTYPE_BYTES, ModelConfig
+from hybridflow.errors import UserError
+from hybridflow.placement.mesh import ParallelDims
+
+GIB = 2**30
+GRAD_BYTES = 4  # fp32 main grads
+VOCAB_DIVISIBLE_BY = 128  # megatron's make_vocab_size_divisible_by (x tp)
+VALUE_HEAD_ROLES = ("critic", "reward")
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    weights: int = 0
+    grads: int = 0
+    optimizer: int = 0
+    activations: int = 0
+    kv_cache: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.grads + self.optimizer + self.activations + self.kv_cache
+
+    def __add__(self, other: MemoryEstimate) -> MemoryEstimate:
+        return MemoryEstimate(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
+
+    def to_json(self) -> dict[str, int]:
+        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "total": self.total}
+
+
+def padded_vocab(model: ModelConfig, tp: int) -> int:
+    multiple = VOCAB_DIVISIBLE_BY * tp
+    return math.ceil(model.vocab_size / multiple) * multiple
+
+
+def layer_params(model: ModelConfig, tp: int) -> int:
+    """Parameters of one transformer layer on one TP rank (norm weights are replicated)."""
+    h, f = model.hidden_size, model.intermediate_size
+    h_kv = model.num_key_value_heads * model.head_dim
+    attention = 2 * h * h + 2 * h * h_kv + (h + 2 * h_kv if model.attention_bias else 0)
+    return (attention + 3 * h * f) // tp + 2 * h
+
+
+def stage_params(model: ModelConfig, role: str, tp: int, pp: int, stage: int) -> int:
+    """Parameters held by one GPU of pipeline stage `stage` (embedding on the first, head on the last)."""
+    h = model.hidden_size
+    params = layer_params(model, tp) * (model.num_hidden_layers // pp)
+    embedding = padded_vocab(model, tp) * h // tp
+    if stage == 0:
+        params += embedding
+    if stage == pp - 1:
+        params += h  # final norm
+        if role in VALUE_HEAD_ROLES:
+            params += h  # scalar head, replicated
+        elif not model.tie_word_embeddings or pp > 1:
+            params += embedding  # untied head, or the tied copy megatron keeps on the last stage
+    return params
+
+
+def activation_bytes_per_token_layer(
+    model: ModelConfig, seq_length: int, tp: int, sequence_parallel: bool, recompute: str
+) -> float:
+    """Bytes one token keeps for backward in one layer on one TP rank (see the module docstring)."""
+    h, f, a = model.hidden_size, model.intermediate_size, model.num_attention_heads
+    h_kv = model.num_key_value_heads * model.head_dim
+    b = DTYPE_BYTES[model.dtype]
+    if recompute == "full":
+        return b * h / (tp if sequence_parallel else 1)
+    sharded = 2 * h + 2 * h_kv + 4 * f + (a * seq_length if recompute == "none" else 0)
+    whole = 4 * h
+    if sequence_parallel or tp == 1:
+        return b * (sharded + whole) / tp
+    return b * (sharded / tp + whole)
+
+
+def estimate_role_memory(
+    model: ModelConfig,
+    role: str,
+    dims: ParallelDims,
+    cfg: ExperimentConfig,
+    stage: int | None = None,
+    shares_actor_weights: bool = False,
+) -> MemoryEstimate:
+    """Memory one GPU of `role` needs at layout `dims` (tp, pp, dp), on pipeline stage `stage`
+    (None = the worst stage). Pure: reads only its arguments. `shares_actor_weights`: a native rollout
+    colocated with the actor at the same layout (its weights cost nothing extra)."""
+    tp, pp, dp = dims.tp, dims.pp, dims.dp
+    if stage is None:
+        return max(
+            (estimate_role_memory(model, role, dims, cfg, s, shares_actor_weights) for s in range(pp)),
+            key=lambda m: m.total,
+        )
+    role_cfg = cfg.roles.get(role)
+    params = stage_params(model, role, tp, pp, stage)
+    if role == "rollout":
+        weights = 0 if shares_actor_weights else params * DTYPE_BYTES[cfg.rollout.dtype or model.dtype]
+        return _rollout_memory(model, tp, pp, dp, cfg, weights)
+    weights = params * DTYPE_BYTES[model.dtype]
+    seq, mbs = cfg.data.seq_length, role_cfg.micro_batch_size
+    sp = bool(role_cfg.parallel.sequence_parallel) and tp > 1
+    per_layer = activation_bytes_per_token_layer(model, seq, tp, sp, role_cfg.activation_recompute)
+    logits = seq * mbs * padded_vocab(model, tp) // tp * 4 if role in ("actor", "ref") and stage == pp - 1 else 0
+    layers = model.num_hidden_layers // pp
+    if role not in ("actor", "critic"):
+        return MemoryEstimate(weights=weights, activations=int(per_layer * seq * mbs) + logits)
+    full_layer = activation_bytes_per_token_layer(model, seq, tp, sp, "selective")
+    microbatches = max(1, cfg.algorithm.mini_batch_size // (dp * mbs))
+    in_flight = min(pp - stage, microbatches)
+    activations = per_layer * seq * mbs * layers * in_flight
+    if role_cfg.activation_recompute == "full":
+        activations += full_layer * seq * mbs  # the layer being recomputed
+    master = 0 if model.dtype == "fp32" else 4
+    optimizer = 0 if role_cfg.offload_optimizer else math.ceil(params * (master + 8) / dp)
+    return MemoryEstimate(
+        weights=weights, grads=params * GRAD_BYTES, optimizer=optimizer, activations=int(activations) + logits
+    )
+
+
+def kv_bytes_per_token(model: ModelConfig, tp: int, pp: int, dtype: str) -> int:
+    kv_heads = max(model.num_key_value_heads // tp, 1)
+    return 2 * (model.num_hidden_layers // pp) * kv_heads * model.head_dim * DTYPE_BYTES[dtype]
+
+
+def _rollout_memory(
+    model: ModelConfig, tp: int, pp: int, dp: int, cfg: ExperimentConfig, weights: int
+) -> MemoryEstimate:
+    dtype = cfg.rollout.dtype or model.dtype
+    if cfg.rollout.engine == "vllm":
+        budget = int(cfg.rollout.gpu_memory_utilization * cfg.cluster.gpu_memory_gib * GIB)
+        if budget <= weights:
+            raise UserError(
+                f"rollout.gpu_memory_utilization: {cfg.rollout.gpu_memory_utilization} x "
+                f"{cfg.cluster.gpu_memory_gib} GiB = {budget / GIB:.1f} GiB cannot hold the rollout weights "
+                f"({weights / GIB:.1f} GiB per GPU); raise it or roles.rollout.parallel.tp"
+            )
+        return MemoryEstimate(weights=weights, kv_cache=budget - weights)
+    sequences = math.ceil(cfg.data.train_batch_size * cfg.rollout.n_samples_per_prompt / dp)
+    kv = sequences * cfg.data.seq_length * kv_bytes_per_token(model, tp, pp, dtype)
+    return MemoryEstimate(weights=weights, kv_cache=kv)

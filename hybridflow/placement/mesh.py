@@ -1,0 +1,87 @@
+"""One role's TP x DP x PP mesh over its global ranks (megatron's "tp-dp-pp" order: tp fastest)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+# Dimension names in megatron's order (fastest first); HyperCommGrid reverses them into array axes.
+DIM_NAMES = ("tp", "dp", "pp")
+
+
+class ParallelDims(Protocol):
+    """Anything with integer tp/pp/dp (a RoleMesh, or a candidate layout in the auto planner)."""
+
+    tp: int
+    pp: int
+    dp: int
+
+
+@dataclass(frozen=True)
+class Dims:
+    """A plain (tp, pp, dp) triple satisfying ParallelDims."""
+
+    tp: int
+    pp: int
+    dp: int
+
+
+@dataclass(frozen=True)
+class RoleMesh:
+    """`ranks[i]` holds mesh position i = pp_rank * (dp * tp) + dp_rank * tp + tp_rank.
+
+    Groups are enumerated exactly like megatron-core's `HyperCommGrid(shape=[tp, dp, pp],
+    dim_names=["tp", "dp", "pp"])` over positions, then mapped through `ranks`, so groups built from a
+    plan equal megatron's when the ranks are contiguous.
+    """
+
+    role: str
+    ranks: tuple[int, ...]
+    tp: int
+    pp: int
+    dp: int
+
+    def __post_init__(self) -> None:
+        if len(self.ranks) != self.tp * self.pp * self.dp:
+            raise ValueError(f"{self.role}: {len(self.ranks)} ranks != tp*pp*dp = {self.tp * self.pp * self.dp}")
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    def _groups(self, dim: str) -> list[tuple[int, ...]]:
+        shape = {"tp": self.tp, "dp": self.dp, "pp": self.pp}
+        reversed_names = DIM_NAMES[::-1]
+        positions = np.arange(self.size).reshape([shape[d] for d in reversed_names])
+        moved = np.moveaxis(positions, reversed_names.index(dim), -1).reshape(-1, shape[dim])
+        return [tuple(self.ranks[i] for i in row) for row in moved.tolist()]
+
+    def tp_groups(self) -> list[tuple[int, ...]]:
+        return self._groups("tp")
+
+    def dp_groups(self) -> list[tuple[int, ...]]:
+        return self._groups("dp")
+
+    def pp_groups(self) -> list[tuple[int, ...]]:
+        return self._groups("pp")
+
+    def coords(self, rank: int) -> tuple[int, int, int]:
+        """(tp_rank, dp_rank, pp_rank) of a global rank in this mesh."""
+        i = self.ranks.index(rank)
+        return i % self.tp, (i // self.tp) % self.dp, i // (self.tp * self.dp)
+
+    def rank_at(self, tp_rank: int, dp_rank: int, pp_rank: int) -> int:
+        return self.ranks[pp_rank * self.dp * self.tp + dp_rank * self.tp + tp_rank]
+
+    def to_json(self) -> dict:
+        return {
+            "ranks": list(self.ranks),
+            "tp": self.tp,
+            "pp": self.pp,
+            "dp": self.dp,
+            "tp_groups": [list(g) for g in self.tp_groups()],
+            "dp_groups": [list(g) for g in self.dp_groups()],
+            "pp_groups": [list(g) for g in self.pp_groups()],
+        }

@@ -1,0 +1,204 @@
+"""Explicit placement: config -> Plan (role meshes on global ranks, rank -> roles, memory per GPU)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from hybridflow.config.experiment import ExperimentConfig
+from hybridflow.config.parallel import ROLES
+from hybridflow.errors import UserError
+from hybridflow.placement.checks import (
+    check_batch_sizes,
+    check_colocation,
+    check_layout_fits_model,
+    check_tp_groups_local,
+)
+from hybridflow.placement.cluster import GPU, cluster_gpus
+from hybridflow.placement.memory import GIB, MemoryEstimate, estimate_role_memory
+from hybridflow.placement.mesh import Dims, ParallelDims, RoleMesh
+from hybridflow.placement.resources import parse_gpu_list
+
+
+@dataclass
+class Plan:
+    world_size: int
+    nodes: int
+    gpus_per_node: int
+    gpus: tuple[GPU, ...]  # index = global rank
+    meshes: dict[str, RoleMesh]  # enabled roles only, canonical role order
+    rank_roles: dict[int, tuple[str, ...]]
+    colocation_sets: list[tuple[str, ...]]
+    memory: dict[int, MemoryEstimate]  # per rank, summed over its roles
+    role_memory: dict[int, dict[str, MemoryEstimate]] = field(default_factory=dict)  # per rank, per role
+    capacity_bytes: int = 0
+
+    def over_capacity(self) -> list[int]:
+        return [r for r, m in self.memory.items() if m.total > self.capacity_bytes]
+
+    def to_json(self) -> dict:
+        return {
+            "world_size": self.world_size,
+            "nodes": self.nodes,
+            "gpus_per_node": self.gpus_per_node,
+            "capacity_bytes": self.capacity_bytes,
+            "gpus": [{"rank": g.rank, "node": g.node, "local_index": g.local_index} for g in self.gpus],
+            "meshes": {role: mesh.to_json() for role, mesh in self.meshes.items()},
+            "rank_roles": {str(r): list(roles) for r, roles in self.rank_roles.items()},
+            "colocation_sets": [list(s) for s in self.colocation_sets],
+            "memory": {
+                str(r): {
+                    "total": m.to_json(),
+                    "roles": {k: v.to_json() for k, v in self.role_memory[r].items()},
+                }
+                for r, m in self.memory.items()
+            },
+        }
+
+
+def plan_placement(cfg: ExperimentConfig) -> Plan:
+    """The plan for `cfg`: explicit `placement.resources`, or the auto planner for `placement.mode=auto`."""
+    if cfg.placement.mode == "auto":
+        try:
+            from hybridflow.placement.auto import plan_auto  # noqa: PLC0415 (optional, owned separately)
+        except ImportError:
+            raise UserError("placement.mode: auto planner is not available in this build; use explicit") from None
+        return plan_auto(cfg)
+    return build_plan(cfg, resolve_resources(cfg))
+
+
+def resolve_resources(cfg: ExperimentConfig) -> dict[str, tuple[int, ...]]:
+    """Enabled role -> ordered global ranks from `placement.resources` (ref defaults to the actor's)."""
+    resources = cfg.placement.resources
+    for role in resources:
+        if role not in ROLES:
+            raise UserError(f"placement.resources.{role}: unknown role; use one of {', '.join(ROLES)}")
+    ranks: dict[str, tuple[int, ...]] = {}
+    for role in cfg.roles.enabled_roles():
+        if role in resources:
+            ranks[role] = parse_gpu_list(resources[role], cfg.cluster, f"placement.resources.{role}")
+        elif role == "ref" and "actor" in ranks:
+            ranks[role] = ranks["actor"]
+        else:
+            raise UserError(
+                f"placement.resources.{role}: no GPUs for enabled role {role}; list them "
+                f"(e.g. placement.resources.{role}=[all]) or set roles.{role}.enabled=false"
+            )
+    return ranks
+
+
+def role_dims(cfg: ExperimentConfig, role: str, n_gpus: int) -> Dims:
+    """(tp, pp, dp) of a role on `n_gpus` GPUs; dp=None derives it."""
+    par = cfg.roles.get(role).parallel
+    tp, pp = par.tp, par.pp
+    if par.dp is None:
+        if n_gpus % (tp * pp):
+            raise UserError(
+                f"placement.resources.{role}: {n_gpus} GPUs are not divisible by tp x pp = {tp} x {pp}; "
+                f"list a multiple of {tp * pp} GPUs or change roles.{role}.parallel"
+            )
+        return Dims(tp=tp, pp=pp, dp=n_gpus // (tp * pp))
+    if tp * pp * par.dp != n_gpus:
+        raise UserError(
+            f"roles.{role}.parallel: tp x pp x dp = {tp} x {pp} x {par.dp} = {tp * pp * par.dp} but "
+            f"placement.resources.{role} has {n_gpus} GPUs; set roles.{role}.parallel.dp=null to derive it "
+            f"or list {tp * pp * par.dp} GPUs"
+        )
+    return Dims(tp=tp, pp=pp, dp=par.dp)
+
+
+def build_plan(
+    cfg: ExperimentConfig,
+    role_ranks: Mapping[str, Sequence[int]],
+    dims: Mapping[str, ParallelDims] | None = None,
+) -> Plan:
+    """Check and assemble a plan from role -> ranks (and optional role -> layout, else from config).
+
+    The auto planner calls this with its chosen ranks and layouts, so every plan passes the same checks.
+    """
+    gpus = cluster_gpus(cfg.cluster)
+    ranks = {r: tuple(role_ranks[r]) for r in ROLES if r in role_ranks}
+    check_colocation(cfg, ranks)
+    meshes: dict[str, RoleMesh] = {}
+    for role, role_rank_list in ranks.items():
+        if dims is not None and role in dims:
+            d = dims[role]
+        else:
+            par = cfg.roles.get(role).parallel
+            check_layout_fits_model(cfg, role, Dims(tp=par.tp, pp=par.pp, dp=1))  # name tp/pp errors first
+            d = role_dims(cfg, role, len(role_rank_list))
+        check_layout_fits_model(cfg, role, d)
+        check_batch_sizes(cfg, role, d)
+        mesh = RoleMesh(role=role, ranks=role_rank_list, tp=d.tp, pp=d.pp, dp=d.dp)
+        check_tp_groups_local(mesh, gpus, cfg)
+        meshes[role] = mesh
+    rank_roles = {g.rank: tuple(r for r in meshes if g.rank in meshes[r].ranks) for g in gpus}
+    role_memory = _memory_by_rank(cfg, meshes, gpus)
+    memory = {rank: sum(parts.values(), MemoryEstimate()) for rank, parts in role_memory.items()}
+    plan = Plan(
+        world_size=len(gpus),
+        nodes=cfg.cluster.nodes,
+        gpus_per_node=cfg.cluster.gpus_per_node,
+        gpus=gpus,
+        meshes=meshes,
+        rank_roles=rank_roles,
+        colocation_sets=colocation_sets(meshes),
+        memory=memory,
+        role_memory=role_memory,
+        capacity_bytes=int(cfg.cluster.gpu_memory_gib * GIB),
+    )
+    if cfg.placement.check_memory:
+        check_memory(plan)
+    return plan
+
+
+def _memory_by_rank(
+    cfg: ExperimentConfig, meshes: dict[str, RoleMesh], gpus: tuple[GPU, ...]
+) -> dict[int, dict[str, MemoryEstimate]]:
+    actor, rollout = meshes.get("actor"), meshes.get("rollout")
+    shares = (
+        cfg.rollout.engine == "megatron"
+        and actor is not None
+        and rollout is not None
+        and actor.ranks == rollout.ranks
+        and (actor.tp, actor.pp) == (rollout.tp, rollout.pp)
+        and (cfg.rollout.dtype or cfg.model.dtype) == cfg.model.dtype
+    )
+    out: dict[int, dict[str, MemoryEstimate]] = {g.rank: {} for g in gpus}
+    for role, mesh in meshes.items():
+        model = cfg.role_model(role)
+        per_stage = [
+            estimate_role_memory(model, role, mesh, cfg, stage=s, shares_actor_weights=shares and role == "rollout")
+            for s in range(mesh.pp)
+        ]
+        for rank in mesh.ranks:
+            out[rank][role] = per_stage[mesh.coords(rank)[2]]
+    return out
+
+
+def colocation_sets(meshes: Mapping[str, RoleMesh]) -> list[tuple[str, ...]]:
+    """Groups of roles that share GPUs (connected by any overlap), ordered by their first GPU."""
+    sets: list[tuple[set[str], set[int]]] = []
+    for role, mesh in meshes.items():
+        merged_roles, merged_ranks = {role}, set(mesh.ranks)
+        for s in [s for s in sets if s[1] & merged_ranks]:
+            sets.remove(s)
+            merged_roles |= s[0]
+            merged_ranks |= s[1]
+        sets.append((merged_roles, merged_ranks))
+    sets.sort(key=lambda s: min(s[1]))
+    return [tuple(r for r in ROLES if r in roles) for roles, _ in sets]
+
+
+def check_memory(plan: Plan) -> None:
+    """Fail on the first GPU whose estimate exceeds its capacity, with the numbers."""
+    for rank in plan.over_capacity():
+        parts = " + ".join(f"{role} {m.total / GIB:.1f}" for role, m in plan.role_memory[rank].items())
+        raise UserError(
+            f"cluster.gpu_memory_gib: GPU {rank} (node {plan.gpus[rank].node}) needs an estimated "
+            f"{plan.memory[rank].total / GIB:.1f} GiB ({parts}) > "
+            f"{plan.capacity_bytes / GIB:.1f} GiB capacity; "
+            "raise tp/pp or spread roles over more GPUs, set roles.<role>.offload_optimizer=true, lower "
+            "rollout.gpu_memory_utilization or roles.<role>.micro_batch_size "
+            "(placement.check_memory=false to skip)"
+        )

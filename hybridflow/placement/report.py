@@ -1,0 +1,54 @@
+"""Human-readable plan: role meshes, then one row per GPU with its memory by part (GiB)."""
+
+from __future__ import annotations
+
+from hybridflow.placement.memory import GIB
+from hybridflow.placement.planner import Plan
+
+_PARTS = ("weights", "grads", "optimizer", "activations", "kv_cache")
+
+
+def _short(ranks: tuple[int, ...]) -> str:
+    if len(ranks) > 2 and list(ranks) == list(range(ranks[0], ranks[-1] + 1)):
+        return f"{ranks[0]}-{ranks[-1]}"
+    return ",".join(map(str, ranks))
+
+
+def format_plan(plan: Plan) -> str:
+    lines = [
+        f"plan: {plan.world_size} GPUs = {plan.nodes} node(s) x {plan.gpus_per_node}",
+        "",
+        "role meshes:",
+    ]
+    for role, mesh in plan.meshes.items():
+        tp = " ".join(f"[{_short(g)}]" for g in mesh.tp_groups()[:8])
+        more = " ..." if len(mesh.tp_groups()) > 8 else ""
+        lines.append(
+            f"  {role:<8} gpus {_short(mesh.ranks):<12} tp={mesh.tp} pp={mesh.pp} dp={mesh.dp}  tp groups {tp}{more}"
+        )
+    lines.append("colocation sets: " + "  ".join("{" + ", ".join(s) + "}" for s in plan.colocation_sets))
+    lines.append("")
+    # CPU "GPUs" hold a few MiB; real GPUs tens of GiB.
+    unit_name, unit = ("GiB", GIB) if plan.capacity_bytes >= 16 * GIB else ("MiB", 2**20)
+    header = ["gpu", "node", "roles", *_PARTS, "total", "capacity", "use"]
+    rows = []
+    for gpu in plan.gpus:
+        mem = plan.memory[gpu.rank]
+        rows.append(
+            [
+                str(gpu.rank),
+                str(gpu.node),
+                ",".join(plan.rank_roles[gpu.rank]) or "-",
+                *(f"{getattr(mem, p) / unit:.2f}" for p in _PARTS),
+                f"{mem.total / unit:.2f}",
+                f"{plan.capacity_bytes / unit:.1f}",
+                f"{100 * mem.total / plan.capacity_bytes:.0f}%" + (" OVER" if mem.total > plan.capacity_bytes else ""),
+            ]
+        )
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    lines.append(f"memory per GPU ({unit_name}):")
+    for row in [header, *rows]:
+        pairs = enumerate(zip(row, widths, strict=True))
+        cells = [c.ljust(w) if i == 2 else c.rjust(w) for i, (c, w) in pairs]  # roles column left-aligned
+        lines.append("  " + "  ".join(cells))
+    return "\n".join(lines)

@@ -1,0 +1,43 @@
+"""`python -m hybridflow.plan +experiment=NAME [key=value ...] [--out PATH]`: print the placement plan and
+per-GPU memory table, write it as JSON (default ./plan.json). Needs no GPU."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from hybridflow.config import load_experiment, split_argv
+from hybridflow.errors import cli_errors
+from hybridflow.placement import plan_placement
+from hybridflow.placement.report import format_plan
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m hybridflow.plan", description=__doc__)
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides: +experiment=NAME key=value ...")
+    parser.add_argument("--out", default="plan.json", help="where to write the plan as JSON (default ./plan.json)")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    with cli_errors():
+        cfg = load_experiment(*split_argv(args.overrides))
+        plan = plan_placement(cfg)
+    print(
+        f"experiment: {cfg.name}  model: {cfg.model.architecture} h={cfg.model.hidden_size} "
+        f"L={cfg.model.num_hidden_layers}  cluster: {cfg.cluster.gpu_type}"
+    )
+    print(format_plan(plan))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"experiment": cfg.name, **plan.to_json()}, indent=1))
+    print(f"\nwrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
