@@ -12,6 +12,7 @@ from pathlib import Path
 from hybridflow.config import load_experiment, split_argv
 from hybridflow.errors import cli_errors
 from hybridflow.placement import plan_placement
+from hybridflow.placement.auto import search_placement
 from hybridflow.placement.report import format_plan
 
 
@@ -26,15 +27,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     with cli_errors():
         cfg = load_experiment(*split_argv(args.overrides))
-        plan = plan_placement(cfg)
+        explanation = None
+        if cfg.placement.mode == "auto":  # the search also explains itself: stage times and runners-up
+            plan, explanation = search_placement(cfg)
+        else:
+            plan = plan_placement(cfg)
     print(
         f"experiment: {cfg.name}  model: {cfg.model.architecture} h={cfg.model.hidden_size} "
         f"L={cfg.model.num_hidden_layers}  cluster: {cfg.cluster.gpu_type}"
     )
     print(format_plan(plan))
+    if explanation is not None:
+        print("\n" + explanation.format())
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"experiment": cfg.name, **plan.to_json()}, indent=1))
+    out.write_text(json.dumps({"experiment": cfg.name, **plan.to_json(),
+                                   **({"auto": explanation.to_json()} if explanation else {})}, indent=1))
     print(f"\nwrote {out}")
     return 0
 

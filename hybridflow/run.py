@@ -14,7 +14,6 @@ from hybridflow.errors import cli_errors
 from hybridflow.launch import LaunchError, detect_launcher, launch_local
 from hybridflow.placement import plan_placement
 from hybridflow.trainer.preflight import preflight
-from hybridflow.trainer.worker import worker_main
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -23,6 +22,9 @@ def main(argv: list[str] | None = None) -> None:
         cfg = load_experiment(experiment, overrides)
         plan = plan_placement(cfg)
         preflight(cfg, plan)
+        # Imported only now: megatron-core's import-time warnings should not bury a bad-input message.
+        from hybridflow.trainer.worker import worker_main
+
         if detect_launcher() is not None:
             worker_main(experiment, overrides)
             return

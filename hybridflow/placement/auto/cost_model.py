@@ -1,0 +1,148 @@
+"""Predicted seconds per stage for one role under one strategy.
+
+- Training and inference (preparation) are compute-bound: FLOPs / (GPUs * peak * MFU), stretched by the
+  pipeline bubble, plus TP activation all-reduces, pipeline sends, and the DP gradient sync once per
+  optimizer step (the part not hidden under backward).
+- Generation is memory-bound: every decode step streams the weight shard and the KV cache of the batch
+  from HBM, plus per-layer latencies (TP all-reduces, kernel launches); prefill is compute-bound. When a
+  replica's batch does not fit the rollout's KV budget, it runs in waves. The bridge (training -> rollout
+  layout, HybridFlow Table 2) is charged here.
+- Every pass of a role in a stage adds a fixed overhead (batch hand-off, barrier).
+
+Every time is a per-iteration figure for the whole role (its ranks work in lock-step). Each function has a
+`*_breakdown` form (component -> seconds) that the explanation uses to say where time goes.
+"""
+
+from __future__ import annotations
+
+import math
+
+from hybridflow.placement.auto.comm import allreduce_time, bridge_time, p2p_time, tp_allreduce_time
+from hybridflow.placement.auto.device import DeviceSpec, Efficiency
+from hybridflow.placement.auto.strategy import Strategy
+from hybridflow.placement.auto.workload import GENERATION, PREPARATION, TRAINING, RoleWork, Workload
+
+# DP sync per optimizer step with Megatron's distributed optimizer: reduce-scatter of fp32 gradients
+# (Megatron-LM accumulates and reduces bf16 models' gradients in fp32) then all-gather of bf16 parameters;
+# as bytes per parameter of one all-reduce-equivalent (2 passes): (4 + 2) / 2.
+DP_SYNC_BYTES_PER_PARAM = 3
+# Adam update traffic per parameter of the optimizer shard (fp32 master, m, v, grad: read + write).
+ADAM_BYTES_PER_PARAM = 32
+
+
+Breakdown = dict[str, float]  # component -> seconds
+
+
+def _pp_crosses_node(s: Strategy, device: DeviceSpec) -> bool:
+    return s.tp * s.dp * s.pp > device.gpus_per_node
+
+
+def _forward_passes(role: RoleWork, s: Strategy, workload: Workload, device: DeviceSpec, eff: Efficiency,
+                    samples: int, batch_per_step: int, flops_factor: float, mfu: float,
+                    allreduces_per_layer: int) -> Breakdown:
+    """Compute, pipeline bubble, TP and PP communication of passes over `samples` full sequences."""
+    m, seq = role.model, workload.sequence_length
+    flops = flops_factor * m.forward_flops_per_token(seq / 2) * samples * seq
+    compute = flops / (s.gpus * device.peak_flops * mfu)
+    # 1F1B: (p - 1) idle micro-batch slots per optimizer step (per pass for inference) of m micro-batches.
+    micro_per_step = batch_per_step / (s.dp * role.micro_batch_size)
+    bubble = compute * (s.pp - 1) / max(micro_per_step, 1.0)
+    micro_batches = samples / (s.dp * role.micro_batch_size)
+    act_bytes = role.micro_batch_size * seq * m.hidden_size * m.dtype_bytes
+    tp = allreduces_per_layer * (m.num_layers / s.pp) * micro_batches * tp_allreduce_time(act_bytes, s.tp,
+                                                                                           device, eff)
+    sends = (2 if flops_factor > 1 else 1) * micro_batches * (s.pp - 1) / s.pp
+    pp = sends * p2p_time(act_bytes / s.tp, _pp_crosses_node(s, device), device, eff) if s.pp > 1 else 0.0
+    return {"compute": compute, "pipeline_bubble": bubble, "tp_comm": tp, "pp_comm": pp}
+
+
+def training_breakdown(role: RoleWork, s: Strategy, workload: Workload, device: DeviceSpec,
+                       eff: Efficiency) -> Breakdown:
+    """PPO update: ppo_epochs passes over all samples, one optimizer step per mini-batch."""
+    samples = workload.samples * workload.ppo_epochs
+    # forward + backward = 3 forwards; 4 TP all-reduces per layer (2 forward, 2 backward).
+    out = _forward_passes(role, s, workload, device, eff, samples, workload.mini_batch_size, 3.0,
+                          eff.train_mfu, 4)
+    steps = samples / workload.mini_batch_size
+    shard = role.model.params / (s.tp * s.pp)
+    sync = allreduce_time(shard * DP_SYNC_BYTES_PER_PARAM, s.dp, s.tp, device, eff) * (1 - eff.dp_overlap)
+    adam = shard / s.dp * ADAM_BYTES_PER_PARAM / (device.hbm_bytes_per_s * eff.hbm_efficiency)
+    return {**out, "dp_sync": steps * sync, "optimizer": steps * adam}
+
+
+def inference_breakdown(role: RoleWork, s: Strategy, workload: Workload, device: DeviceSpec,
+                        eff: Efficiency) -> Breakdown:
+    """Log-probs / values / rewards: one forward over every sample."""
+    return _forward_passes(role, s, workload, device, eff, workload.samples, workload.samples, 1.0,
+                           eff.infer_mfu, 2)
+
+
+def generation_breakdown(role: RoleWork, s: Strategy, workload: Workload, device: DeviceSpec,
+                         eff: Efficiency, kv_bytes: float) -> Breakdown:
+    """Rollout at (gen_tp, gen_dp) on the actor's GPUs with `kv_bytes` per GPU of KV cache.
+
+    Every component is inf when not one sequence's KV cache fits.
+    """
+    m, g = role.model, s.gen_tp
+    prompt, response, seq = workload.prompt_length, workload.response_length, workload.sequence_length
+    batch = math.ceil(workload.samples / s.gen_dp)
+    capacity = int(kv_bytes * g / (m.kv_bytes_per_token * seq))
+    if capacity < 1:
+        return {"decode_kv": math.inf}
+    waves = math.ceil(batch / capacity)
+    wave = math.ceil(batch / waves)
+    hbm = device.hbm_bytes_per_s * eff.hbm_efficiency
+
+    prefill = m.forward_flops_per_token(prompt / 2) * wave * prompt / (g * device.peak_flops * eff.prefill_mfu)
+    prefill += 2 * m.num_layers * tp_allreduce_time(wave * prompt * m.hidden_size * m.dtype_bytes, g,
+                                                   device, eff)
+    # The step time is linear in the context, so `response` steps at the mean context sum exactly.
+    context = prompt + response / 2
+    weights = m.weight_bytes / g / hbm
+    kv = wave * context * m.kv_bytes_per_token / g / hbm
+    compute = wave * m.forward_flops_per_token(context) / (g * device.peak_flops * eff.infer_mfu)
+    latency = m.num_layers * (2 * tp_allreduce_time(wave * m.hidden_size * m.dtype_bytes, g, device, eff)
+                              + eff.decode_layer_overhead_s)
+    steps = waves * response
+    out = {"prefill": waves * prefill, "decode_latency": steps * latency,
+           "bridge": bridge_time(m.weight_bytes, s.tp, s.pp, g, device, eff)}
+    if compute > weights + kv:
+        out["decode_compute"] = steps * compute
+    else:  # memory-bound: every step streams the weight shard and the batch's KV cache
+        out.update(decode_weights=steps * weights, decode_kv=steps * kv)
+    return out
+
+
+def training_time(role: RoleWork, s: Strategy, workload: Workload, device: DeviceSpec,
+                  eff: Efficiency) -> float:
+    return sum(training_breakdown(role, s, workload, device, eff).values())
+
+
+def inference_time(role: RoleWork, s: Strategy, workload: Workload, device: DeviceSpec,
+                   eff: Efficiency) -> float:
+    return sum(inference_breakdown(role, s, workload, device, eff).values())
+
+
+def generation_time(role: RoleWork, s: Strategy, workload: Workload, device: DeviceSpec, eff: Efficiency,
+                    kv_bytes: float) -> float:
+    return sum(generation_breakdown(role, s, workload, device, eff, kv_bytes).values())
+
+
+def role_stage_breakdown(role: RoleWork, s: Strategy, workload: Workload, device: DeviceSpec,
+                         eff: Efficiency, kv_bytes: float = 0.0) -> dict[str, Breakdown]:
+    """Per stage `role` takes part in, its seconds by component (plus the fixed per-pass overhead)."""
+    out: dict[str, Breakdown] = {}
+    if GENERATION in role.stages:
+        out[GENERATION] = generation_breakdown(role, s, workload, device, eff, kv_bytes)
+    if PREPARATION in role.stages:
+        out[PREPARATION] = inference_breakdown(role, s, workload, device, eff)
+    if TRAINING in role.stages:
+        out[TRAINING] = training_breakdown(role, s, workload, device, eff)
+    return {stage: {**parts, "pass_overhead": eff.role_pass_overhead_s} for stage, parts in out.items()}
+
+
+def role_stage_times(role: RoleWork, s: Strategy, workload: Workload, device: DeviceSpec, eff: Efficiency,
+                     kv_bytes: float = 0.0) -> dict[str, float]:
+    """Seconds `role` spends in each stage it takes part in."""
+    return {stage: sum(parts.values())
+            for stage, parts in role_stage_breakdown(role, s, workload, device, eff, kv_bytes).items()}

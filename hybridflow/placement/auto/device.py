@@ -1,0 +1,113 @@
+"""Device figures and achievable-rate factors the cost model runs on.
+
+Peak figures come from the cluster config (`hybridflow.config.cluster.GPU_DEFAULTS` fills A100/H100/H200
+datasheet values); the `Efficiency` factors turn peaks into achievable rates. `Efficiency.sources` says per
+figure whether it is assumed or measured; `Efficiency.calibrated(...)` / `load_calibration(path)` are the
+hooks that replace a figure with a measured one and record where it came from (e.g. a benchmarks/results/
+file). Measured so far: only H200 HBM streaming (`MEASURED`); every other figure is an assumption.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+
+from hybridflow.config.cluster import ClusterConfig, resolve_cluster
+from hybridflow.errors import UserError
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """One GPU type in one cluster shape. Bandwidths are bytes/s per GPU, one direction."""
+
+    nodes: int
+    gpus_per_node: int
+    nvlink_domain: int  # GPUs that share NVLink; TP groups stay inside one
+    memory_bytes: float
+    peak_flops: float  # dense bf16
+    hbm_bytes_per_s: float
+    intra_bytes_per_s: float  # NVLink
+    inter_bytes_per_s: float  # network between nodes
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @classmethod
+    def from_cluster(cls, cluster: ClusterConfig) -> DeviceSpec:
+        c = resolve_cluster(cluster)
+        return cls(nodes=c.nodes, gpus_per_node=c.gpus_per_node, nvlink_domain=c.nvlink_domain_size,
+                   memory_bytes=c.gpu_memory_gib * GIB, peak_flops=c.bf16_tflops * 1e12,
+                   hbm_bytes_per_s=c.hbm_tbps * 1e12, intra_bytes_per_s=c.intra_node_gbps * 1e9,
+                   inter_bytes_per_s=c.inter_node_gbps * 1e9)
+
+
+_ASSUMED = "assumed (not calibrated)"
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Fractions of peak that real kernels reach, and fixed latencies. Each figure names its source."""
+
+    train_mfu: float = 0.45  # Megatron-LM dense training on A100/H100 reaches 40-55 % MFU
+    infer_mfu: float = 0.55  # a forward pass over full sequences (no backward, no optimizer)
+    prefill_mfu: float = 0.45
+    hbm_efficiency: float = 0.8  # share of HBM bandwidth a decode step streams at
+    nvlink_efficiency: float = 0.7  # NCCL bus bandwidth / link bandwidth
+    network_efficiency: float = 0.8
+    nvlink_latency_s: float = 10e-6  # per collective call, small message
+    network_latency_s: float = 30e-6
+    decode_layer_overhead_s: float = 15e-6  # kernel launches per layer per decode step
+    # Share of the data-parallel gradient sync hidden under backward compute (Megatron overlap_grad_reduce).
+    dp_overlap: float = 0.0
+    # Fixed cost of one role's pass in one stage, whatever the GPU count: batch broadcast from and results
+    # gathered to the collect rank, the barrier between stages, switching the set's GPUs to this role.
+    role_pass_overhead_s: float = 0.5
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def source(self, name: str) -> str:
+        return self.sources.get(name, _ASSUMED)
+
+    def calibrated(self, name: str, value: float, source: str) -> Efficiency:
+        """This efficiency with `name` replaced by a measured `value`, recording `source`."""
+        names = {f.name for f in fields(self)} - {"sources"}
+        if name not in names:
+            raise UserError(f"calibration: {name!r} is not a cost-model figure; use one of {sorted(names)}")
+        return replace(self, **{name: value}, sources={**self.sources, name: source})
+
+    def report(self) -> list[tuple[str, float, str]]:
+        """(figure, value, source) for every figure: which are calibrated, which assumed."""
+        names = [f.name for f in fields(self) if f.name != "sources"]
+        return [(name, getattr(self, name), self.source(name)) for name in names]
+
+
+# Figures measured on real hardware, per GPU type: (figure, value, source).
+MEASURED: dict[str, list[tuple[str, float, str]]] = {
+    "H200": [("hbm_efficiency", 0.85,
+              "measured 2026-12-02 on one H200: bf16 [64 x 8192] @ [8192 x 28672] (a decode step's weight "
+              "stream) reads 4.08 TB/s of the 4.8 TB/s datasheet (torch 2.14, cuBLAS)")],
+}
+
+
+def efficiency_for(gpu_type: str, base: Efficiency | None = None) -> Efficiency:
+    """The default factors with the figures measured on `gpu_type` applied."""
+    eff = base or Efficiency()
+    for name, value, source in MEASURED.get(gpu_type, []):
+        eff = eff.calibrated(name, value, source)
+    return eff
+
+
+def load_calibration(path: str | Path, base: Efficiency | None = None) -> Efficiency:
+    """Apply measured figures from a JSON file `{"figures": {name: value}, "source": "..."}`.
+
+    The benchmark harness writes such files under benchmarks/results/; none exists yet, so the default
+    `Efficiency()` (all figures assumed) is what the planner uses today.
+    """
+    data = json.loads(Path(path).read_text())
+    eff = base or Efficiency()
+    for name, value in data.get("figures", {}).items():
+        eff = eff.calibrated(name, float(value), data.get("source", str(path)))
+    return eff

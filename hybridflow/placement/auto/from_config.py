@@ -1,0 +1,129 @@
+"""The auto planner on an `ExperimentConfig`: workload and memory estimator from the config, plan via
+`build_plan` so an auto plan passes exactly the checks an explicit one does."""
+
+from __future__ import annotations
+
+import copy
+
+from hybridflow.config.experiment import ExperimentConfig
+from hybridflow.config.model import ModelConfig
+from hybridflow.errors import UserError
+from hybridflow.placement.auto.device import DeviceSpec, Efficiency, efficiency_for
+from hybridflow.placement.auto.explain import Explanation, explain
+from hybridflow.placement.auto.search import Candidate, SearchResult, search
+from hybridflow.placement.auto.set_solver import MemoryFn
+from hybridflow.placement.auto.strategy import Strategy
+from hybridflow.placement.auto.workload import (
+    GENERATION,
+    PREPARATION,
+    TRAINING,
+    ModelShape,
+    RoleWork,
+    Workload,
+)
+from hybridflow.placement.memory import GIB, estimate_role_memory
+from hybridflow.placement.mesh import Dims
+from hybridflow.placement.planner import Plan, build_plan
+
+# The estimator leaves out CUDA context, NCCL buffers and fragmentation; the search keeps this share of each
+# GPU free for them (the final build_plan check still runs against the full capacity).
+MEMORY_HEADROOM = 0.05
+
+_STAGES = {"actor": (GENERATION, PREPARATION, TRAINING), "critic": (PREPARATION, TRAINING),
+           "ref": (PREPARATION,), "reward": (PREPARATION,)}
+
+
+def model_shape(model: ModelConfig, role: str) -> ModelShape:
+    return ModelShape(hidden_size=model.hidden_size, intermediate_size=model.intermediate_size,
+                      num_layers=model.num_hidden_layers, num_heads=model.num_attention_heads,
+                      num_kv_heads=model.num_key_value_heads, vocab_size=model.vocab_size,
+                      tie_embeddings=model.tie_word_embeddings, dtype_bytes=model.dtype_bytes,
+                      head="value" if role in ("critic", "reward") else "lm")
+
+
+def workload_from_config(cfg: ExperimentConfig) -> Workload:
+    """Roles taking part (the rollout rides on the actor's set), batch and lengths from `cfg`."""
+    roles = tuple(
+        RoleWork(name, model_shape(cfg.role_model(name), name), stages, cfg.roles.get(name).micro_batch_size)
+        for name, stages in _STAGES.items() if cfg.roles.get(name).enabled)
+    return Workload(roles=roles, prompts=cfg.data.train_batch_size,
+                    samples_per_prompt=cfg.rollout.n_samples_per_prompt,
+                    prompt_length=cfg.data.max_prompt_length,
+                    response_length=cfg.data.seq_length - cfg.data.max_prompt_length,
+                    mini_batch_size=cfg.algorithm.mini_batch_size, ppo_epochs=cfg.algorithm.ppo_epochs)
+
+
+def rollout_dims(s: Strategy) -> Dims:
+    return Dims(tp=s.gen_tp, pp=1, dp=s.gen_dp)
+
+
+def memory_from_config(cfg: ExperimentConfig) -> MemoryFn:
+    """The foundation's `estimate_role_memory` as the search's memory callable (worst pipeline stage).
+
+    The actor's figure adds the rollout colocated with it at (gen_tp, pp 1, gen_dp); a native rollout at
+    the actor's exact layout shares its weights, as `build_plan` counts it.
+    """
+    same_dtype = (cfg.rollout.dtype or cfg.model.dtype) == cfg.model.dtype
+
+    def memory(role: str, s: Strategy) -> tuple[float, float] | None:
+        try:
+            est = estimate_role_memory(cfg.role_model(role), role, Dims(s.tp, s.pp, s.dp), cfg)
+            if not s.gen_tp:
+                return float(est.total), 0.0
+            shares = cfg.rollout.engine == "megatron" and s.pp == 1 and s.gen_tp == s.tp and same_dtype
+            gen = estimate_role_memory(cfg.model, "rollout", rollout_dims(s), cfg,
+                                       shares_actor_weights=shares)
+        except UserError:
+            return None  # e.g. a vLLM budget that cannot hold this shard: not a valid layout
+        return float(est.total + gen.total), float(gen.kv_cache)
+
+    return memory
+
+
+def search_config(cfg: ExperimentConfig, eff: Efficiency | None = None) -> SearchResult:
+    """Algorithm 1 over `cfg`'s roles and cluster (cost-model factors: `eff`, else the defaults with the
+    figures measured on `cfg.cluster.gpu_type`)."""
+    device = DeviceSpec.from_cluster(cfg.cluster)
+    eff = eff or efficiency_for(cfg.cluster.gpu_type)
+    capacity = cfg.cluster.gpu_memory_gib * GIB * (1 - MEMORY_HEADROOM)
+    return search(workload_from_config(cfg), device, memory_from_config(cfg), eff, capacity,
+                  tuple(tuple(g) for g in cfg.placement.colocate))
+
+
+def plan_from_candidate(cfg: ExperimentConfig, cand: Candidate) -> Plan:
+    """Role -> ranks and layouts of `cand`, checked and assembled by `build_plan`."""
+    ranks: dict[str, tuple[int, ...]] = {}
+    dims: dict[str, Dims] = {}
+    for set_solution, rank_range in zip(cand.sets, cand.ranks, strict=True):
+        for choice in set_solution.choices:
+            s = choice.strategy
+            ranks[choice.role] = tuple(rank_range)
+            dims[choice.role] = Dims(s.tp, s.pp, s.dp)
+            if s.gen_tp:
+                ranks["rollout"] = tuple(rank_range)
+                dims["rollout"] = rollout_dims(s)
+    return build_plan(cfg, ranks, dims)
+
+
+def search_placement(cfg: ExperimentConfig, eff: Efficiency | None = None) -> tuple[Plan, Explanation]:
+    """The chosen plan for `placement.mode=auto` and the explanation of the choice."""
+    result = search_config(cfg, eff)
+    return plan_from_candidate(cfg, result.chosen), explain(result)
+
+
+def config_with_plan(cfg: ExperimentConfig, plan: Plan) -> ExperimentConfig:
+    """A copy of `cfg` whose `roles.<role>.parallel` (tp, pp, dp) are the plan's layouts.
+
+    In auto mode the layouts in the config are not used for planning; code that reads them after planning
+    (workers, the rollout engine) should see what the plan chose.
+    """
+    out = copy.deepcopy(cfg)
+    for role, mesh in plan.meshes.items():
+        par = out.roles.get(role).parallel
+        par.tp, par.pp, par.dp = mesh.tp, mesh.pp, mesh.dp
+    return out
+
+
+def plan_auto(cfg: ExperimentConfig) -> Plan:
+    """What `plan_placement` calls for `placement.mode=auto`."""
+    return search_placement(cfg)[0]

@@ -1,0 +1,79 @@
+"""Parallel strategies one role may take on a set of GPUs: (TP inside an NVLink domain, PP, DP[, TP_gen])."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hybridflow.placement.auto.device import DeviceSpec
+from hybridflow.placement.auto.workload import RoleWork, Workload
+
+# Deeper pipelines than this do not win at RLHF batch sizes (the bubble grows with pp); they only slow the
+# search.
+MAX_PP = 16
+
+
+@dataclass(frozen=True, order=True)
+class Strategy:
+    """A role's mesh on `tp * pp * dp` GPUs; `gen_tp` is the rollout's TP (actor only, 0 otherwise).
+
+    Generation runs without pipeline (p_g = 1) on the same GPUs, dp_g = GPUs / gen_tp.
+    """
+
+    tp: int
+    pp: int
+    dp: int
+    gen_tp: int = 0
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def gen_dp(self) -> int:
+        return self.gpus // self.gen_tp if self.gen_tp else 0
+
+    def label(self) -> str:
+        text = f"tp{self.tp} pp{self.pp} dp{self.dp}"
+        return text + (f" | gen tp{self.gen_tp} dp{self.gen_dp}" if self.gen_tp else "")
+
+
+def _powers_of_two_upto(limit: int) -> list[int]:
+    out, value = [], 1
+    while value <= limit:
+        out.append(value)
+        value *= 2
+    return out
+
+
+def _tp_ok(tp: int, role: RoleWork) -> bool:
+    """Megatron needs whole heads and whole query groups per TP rank."""
+    m = role.model
+    return m.num_heads % tp == 0 and m.num_kv_heads % tp == 0
+
+
+def strategies_for(role: RoleWork, gpus: int, device: DeviceSpec, workload: Workload) -> list[Strategy]:
+    """Every strategy `role` may run with on `gpus` GPUs, in a fixed order (the search is deterministic).
+
+    TP is a power of two that fits one NVLink domain and divides the heads; PP divides the layers; DP
+    divides the role's batch (a trained role's optimizer step, otherwise all samples) so every rank gets
+    whole micro-batches. The actor adds every rollout TP that divides its training TP: the bridge's
+    zero-redundancy grouping takes generation TP groups at stride t / t_g inside each training TP group.
+    """
+    out: list[Strategy] = []
+    batch = workload.mini_batch_size if role.trains else workload.samples
+    for tp in _powers_of_two_upto(min(device.nvlink_domain, gpus)):
+        if gpus % tp or not _tp_ok(tp, role):
+            continue
+        for pp in range(1, min(MAX_PP, role.model.num_layers) + 1):
+            if (gpus // tp) % pp or role.model.num_layers % pp:
+                continue
+            dp = gpus // (tp * pp)
+            if batch % (dp * role.micro_batch_size):
+                continue
+            if not role.generates:
+                out.append(Strategy(tp, pp, dp))
+                continue
+            for gen_tp in _powers_of_two_upto(tp):
+                if workload.prompts % (gpus // gen_tp) == 0:  # the rollout splits prompts over its DP
+                    out.append(Strategy(tp, pp, dp, gen_tp))
+    return out

@@ -1,0 +1,144 @@
+"""What one RLHF iteration asks of each role: model shapes, token counts, and the stages of the dataflow.
+
+The search and the cost model work on these small frozen records rather than on `ExperimentConfig`, so they
+can be exercised with hand-built workloads; `from_config.workload_from_config` builds them from a config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# The dataflow of one PPO iteration (HybridFlow section 2): generation by the actor, then preparation (the
+# actor, reference, critic and reward models score the responses), then training of actor and critic.
+GENERATION, PREPARATION, TRAINING = "generation", "preparation", "training"
+STAGES = (GENERATION, PREPARATION, TRAINING)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The figures of a decoder-only transformer that decide its cost and memory."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    vocab_size: int
+    tie_embeddings: bool = False
+    dtype_bytes: int = 2
+    head: str = "lm"  # "lm" (vocab logits) | "value" | "reward" (one scalar per token)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def layer_params(self) -> int:
+        kv_dim = self.num_kv_heads * self.head_dim
+        attention = 2 * self.hidden_size * self.hidden_size + 2 * self.hidden_size * kv_dim
+        mlp = 3 * self.hidden_size * self.intermediate_size  # gate, up, down (SwiGLU)
+        return attention + mlp + 2 * self.hidden_size  # + two RMSNorm weights
+
+    @property
+    def output_params(self) -> int:
+        """Parameters of the output projection (lm head, or the scalar head of a value/reward model)."""
+        return self.vocab_size * self.hidden_size if self.head == "lm" else self.hidden_size
+
+    @property
+    def params(self) -> int:
+        embedding = self.vocab_size * self.hidden_size
+        tied = self.head == "lm" and self.tie_embeddings
+        return self.num_layers * self.layer_params + embedding + (0 if tied else self.output_params)
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.params * self.dtype_bytes
+
+    def forward_flops_per_token(self, context: float) -> float:
+        """Matmul FLOPs of one token's forward pass attending to `context` earlier tokens on average.
+
+        2 FLOPs per weight of every matmul (the embedding lookup is free) plus QK^T and AV (2 * 2 * h per
+        attended token and layer).
+        """
+        dense = 2 * (self.num_layers * self.layer_params + self.output_params)
+        return dense + 4 * self.num_layers * self.hidden_size * context
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+
+
+@dataclass(frozen=True)
+class RoleWork:
+    """One role of the dataflow: its model and the stages it runs in (`train` = it has an optimizer)."""
+
+    name: str
+    model: ModelShape
+    stages: tuple[str, ...]
+    micro_batch_size: int = 1
+
+    @property
+    def trains(self) -> bool:
+        return TRAINING in self.stages
+
+    @property
+    def generates(self) -> bool:
+        return GENERATION in self.stages
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Batch figures of one iteration and the roles that take part.
+
+    The actor carries generation: the rollout engine lives on the actor's GPUs and receives its weights
+    through the resharding bridge (HybridFlow's 3D-HybridEngine), so it is not a separate set member.
+    """
+
+    roles: tuple[RoleWork, ...]
+    prompts: int
+    samples_per_prompt: int
+    prompt_length: int
+    response_length: int
+    mini_batch_size: int  # samples per optimizer step
+    ppo_epochs: int = 1
+
+    @property
+    def samples(self) -> int:
+        return self.prompts * self.samples_per_prompt
+
+    @property
+    def sequence_length(self) -> int:
+        return self.prompt_length + self.response_length
+
+    @property
+    def role_names(self) -> tuple[str, ...]:
+        return tuple(r.name for r in self.roles)
+
+    def role(self, name: str) -> RoleWork:
+        for r in self.roles:
+            if r.name == name:
+                return r
+        raise KeyError(name)
+
+
+def ppo_roles(actor: ModelShape, critic: ModelShape | None, reward: ModelShape | None,
+              micro_batch_size: int = 1) -> tuple[RoleWork, ...]:
+    """The roles of PPO (critic given) or GRPO (critic None); `reward` None = rule-based reward."""
+    # The actor recomputes the old log-probs with its training layout in preparation (the rollout engine's
+    # own log-probs are not bit-exact with the training forward), as verl and OpenRLHF do.
+    roles = [RoleWork("actor", actor, (GENERATION, PREPARATION, TRAINING), micro_batch_size),
+             RoleWork("ref", actor, (PREPARATION,), micro_batch_size)]
+    if critic is not None:
+        roles.insert(1, RoleWork("critic", critic, (PREPARATION, TRAINING), micro_batch_size))
+    if reward is not None:
+        roles.append(RoleWork("reward", reward, (PREPARATION,), micro_batch_size))
+    return tuple(roles)
+
+
+# Llama 2 (7B, 13B, 70B) and Code Llama 34B shapes, the models of HybridFlow's evaluation.
+LLAMA_SHAPES: dict[str, ModelShape] = {
+    "7b": ModelShape(4096, 11008, 32, 32, 32, 32000),
+    "13b": ModelShape(5120, 13824, 40, 40, 40, 32000),
+    "34b": ModelShape(8192, 22016, 48, 64, 8, 32000),
+    "70b": ModelShape(8192, 28672, 80, 64, 8, 32000),
+}

@@ -1,0 +1,115 @@
+"""Cost model against hand formulas (independent of the implementation's helpers)."""
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from hybridflow.config.cluster import ClusterConfig
+from hybridflow.placement.auto.comm import allreduce_time, bridge_volume
+from hybridflow.placement.auto.cost_model import generation_time, inference_time, training_time
+from hybridflow.placement.auto.device import DeviceSpec, Efficiency, efficiency_for, load_calibration
+from hybridflow.placement.auto.strategy import Strategy, strategies_for
+from hybridflow.placement.auto.workload import LLAMA_SHAPES, Workload, ppo_roles
+
+A100 = DeviceSpec.from_cluster(ClusterConfig(nodes=2, gpus_per_node=8, gpu_type="A100"))
+EFF = replace(Efficiency(), role_pass_overhead_s=0.0)
+
+
+def workload(size="7b", prompts=64):
+    m = LLAMA_SHAPES[size]
+    roles = ppo_roles(m, replace(m, head="value"), replace(m, head="reward"))
+    return Workload(roles, prompts, 1, 512, 512, mini_batch_size=prompts)
+
+
+def test_params_match_published_llama_sizes():
+    assert LLAMA_SHAPES["7b"].params == pytest.approx(6.74e9, rel=0.01)
+    assert LLAMA_SHAPES["13b"].params == pytest.approx(13.0e9, rel=0.01)
+    assert LLAMA_SHAPES["70b"].params == pytest.approx(69.0e9, rel=0.01)
+    assert LLAMA_SHAPES["7b"].kv_bytes_per_token == 2 * 32 * 4096 * 2
+
+
+def test_training_on_one_gpu_is_six_flops_per_param_token_over_achievable_rate():
+    wl = workload()
+    actor = wl.role("actor")
+    m = actor.model
+    tokens = wl.samples * wl.sequence_length
+    flops = 3 * tokens * (2 * (m.num_layers * m.layer_params + m.output_params)
+                          + 4 * m.num_layers * m.hidden_size * wl.sequence_length / 2)
+    adam = m.params * 32 / (A100.hbm_bytes_per_s * EFF.hbm_efficiency)
+    expected = flops / (A100.peak_flops * EFF.train_mfu) + adam
+    assert training_time(actor, Strategy(1, 1, 1), wl, A100, EFF) == pytest.approx(expected, rel=1e-9)
+    # Inference is one forward (a third of the FLOPs) at its own MFU.
+    infer = inference_time(wl.role("ref"), Strategy(1, 1, 1), wl, A100, EFF)
+    assert infer == pytest.approx(flops / 3 / (A100.peak_flops * EFF.infer_mfu), rel=1e-9)
+
+
+def test_data_parallel_training_pays_a_gradient_sync_per_optimizer_step():
+    wl = workload()
+    actor = wl.role("actor")
+    one_step = training_time(actor, Strategy(1, 1, 8), wl, A100, EFF)
+    four_steps = training_time(actor, Strategy(1, 1, 8), replace(wl, mini_batch_size=wl.samples // 4), A100,
+                               EFF)
+    # Distributed optimizer: fp32 grads reduce-scattered + bf16 params all-gathered = 3 bytes x 2 passes.
+    sync = allreduce_time(actor.model.params * 3, 8, 1, A100, EFF)
+    adam = actor.model.params / 8 * 32 / (A100.hbm_bytes_per_s * EFF.hbm_efficiency)
+    assert four_steps - one_step == pytest.approx(3 * (sync + adam), rel=1e-6)
+
+
+def test_allreduce_crossing_nodes_uses_the_network():
+    nbytes, eff = 1e9, EFF
+    inside = allreduce_time(nbytes, 8, 1, A100, eff)
+    ring = 2 * 7 / 8 * nbytes / (A100.intra_bytes_per_s * eff.nvlink_efficiency)
+    assert inside == pytest.approx(ring + 14 * eff.nvlink_latency_s)
+    across = allreduce_time(nbytes, 2, 8, A100, eff)  # one member per node
+    assert across == pytest.approx(nbytes / (A100.inter_bytes_per_s * eff.network_efficiency)
+                                   + 2 * eff.network_latency_s)
+    assert across > allreduce_time(nbytes, 2, 1, A100, eff)
+
+
+def test_bridge_volume_is_hybridflow_table_2():
+    m = 1.0
+    assert bridge_volume(m, tp=4, pp=2, gen_tp=2) == pytest.approx((8 - 2) / (2 * 8))
+    assert bridge_volume(m, tp=2, pp=1, gen_tp=2) == 0.0
+    # It equals (d_g - 1) / (t * p) * M with micro-DP size d_g = t * p / t_g.
+    assert bridge_volume(m, tp=8, pp=1, gen_tp=2) == pytest.approx((4 - 1) / 8)
+
+
+def test_generation_is_memory_bound_and_waves_when_kv_does_not_fit():
+    wl = workload("13b", prompts=64)
+    actor = wl.role("actor")
+    s = Strategy(1, 1, 1, gen_tp=1)
+    kv_all = wl.samples * wl.sequence_length * actor.model.kv_bytes_per_token
+    base = generation_time(actor, s, wl, A100, EFF, kv_all)
+    faster = replace(A100, hbm_bytes_per_s=2 * A100.hbm_bytes_per_s)
+    # Doubling HBM bandwidth cuts decode (most of the time) close to half.
+    assert generation_time(actor, s, wl, faster, EFF, kv_all) < 0.65 * base
+    assert generation_time(actor, s, wl, A100, EFF, kv_all / 2) > base  # two waves re-stream the weights
+    assert math.isinf(generation_time(actor, s, wl, A100, EFF, 0.0))
+
+
+def test_strategies_keep_tp_in_a_node_and_divide_batches():
+    wl = workload("7b", prompts=64)
+    for s in strategies_for(wl.role("actor"), 16, A100, wl):
+        assert s.tp <= 8 and s.gpus == 16 and 32 % s.pp == 0 and 64 % s.dp == 0
+        assert s.tp % s.gen_tp == 0 and 64 % s.gen_dp == 0
+    assert all(s.gen_tp == 0 for s in strategies_for(wl.role("ref"), 16, A100, wl))
+
+
+def test_calibration_hook_records_sources_and_rejects_unknown(tmp_path):
+    eff = Efficiency()
+    assert all(src.startswith("assumed") for _, _, src in eff.report())
+    path = tmp_path / "cal.json"
+    path.write_text('{"figures": {"train_mfu": 0.38}, "source": "benchmarks/results/x.json"}')
+    cal = load_calibration(path)
+    assert cal.train_mfu == 0.38 and cal.source("train_mfu") == "benchmarks/results/x.json"
+    assert cal.source("infer_mfu").startswith("assumed")
+    with pytest.raises(Exception, match="not a cost-model figure"):
+        eff.calibrated("tflops", 1.0, "x")
+
+
+def test_measured_figures_apply_only_to_their_gpu_type():
+    h200 = efficiency_for("H200")
+    assert h200.source("hbm_efficiency").startswith("measured") and h200.hbm_efficiency == 0.85
+    assert h200.source("train_mfu").startswith("assumed")
+    assert all(src.startswith("assumed") for _, _, src in efficiency_for("A100").report())

@@ -1,0 +1,48 @@
+"""`placement=auto` through the config and the foundation's `plan_placement` dispatch."""
+
+import json
+
+from hybridflow.config import load_experiment
+from hybridflow.placement import plan_placement
+from hybridflow.placement.auto import config_with_plan, search_placement, workload_from_config
+
+
+def test_tiny_cpu_auto_plan_is_a_checked_plan():
+    cfg = load_experiment("tiny_cpu", ["placement=auto"])
+    plan = plan_placement(cfg)
+    assert set(plan.meshes) == {"actor", "critic", "ref", "rollout"}
+    assert plan.over_capacity() == []
+    covered = sorted({r for m in plan.meshes.values() for r in m.ranks})
+    assert covered == list(range(cfg.cluster.world_size))
+    assert plan.meshes["rollout"].ranks == plan.meshes["actor"].ranks
+
+
+def test_workload_follows_the_config():
+    cfg = load_experiment("ppo_llama3_8b", ["placement=auto"])
+    wl = workload_from_config(cfg)
+    assert wl.role_names == ("actor", "critic", "ref", "reward")
+    assert wl.prompts == cfg.data.train_batch_size and wl.mini_batch_size == cfg.algorithm.mini_batch_size
+    assert wl.role("critic").model.head == "value" and wl.role("actor").model.vocab_size == 128256
+    assert wl.role("reward").micro_batch_size == cfg.roles.reward.micro_batch_size
+
+
+def test_8b_on_one_h100_node_explains_its_choice():
+    cfg = load_experiment("ppo_llama3_8b", ["placement=auto"])
+    plan, explanation = search_placement(cfg)
+    assert plan.over_capacity() == []
+    chosen_sets = {frozenset(s) - {"rollout"} for s in plan.colocation_sets}
+    assert chosen_sets == {frozenset(s.split(" x")[0].strip("{}").split(", "))
+                           for s in explanation.chosen.split(" + ")}
+    assert explanation.runners_up and all(r.reason for r in explanation.runners_up)
+
+
+def test_config_with_plan_carries_the_chosen_layouts_and_explanation_is_json():
+    cfg = load_experiment("ppo_llama3_8b", ["placement=auto"])
+    plan, explanation = search_placement(cfg)
+    applied = config_with_plan(cfg, plan)
+    for role, mesh in plan.meshes.items():
+        par = applied.roles.get(role).parallel
+        assert (par.tp, par.pp, par.dp) == (mesh.tp, mesh.pp, mesh.dp)
+    assert cfg.roles.actor.parallel.tp == 4 and cfg.roles.actor.parallel.dp is None  # input untouched
+    data = json.loads(json.dumps(explanation.to_json()))
+    assert data["chosen"] == explanation.chosen and data["runners_up"]

@@ -1,0 +1,82 @@
+"""HybridFlow's placement findings (EuroSys'25 section 8.4) under our cost model and memory estimator.
+
+Each test runs the search on the paper's setup (conftest.py) and asserts which placement it chooses; no
+predicted times are hard-coded.
+"""
+
+import pytest
+
+from hybridflow.errors import UserError
+from hybridflow.placement.auto import search_config, search_placement
+from hybridflow.placement.planner import build_plan
+
+SIZES = ("7b", "13b", "34b", "70b")
+
+
+def colocated(result):
+    return next(p for p in result.partitions if len(p.partition) == 1)
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("gpus", (16, 32, 64))
+def test_colocating_all_models_is_chosen_from_16_to_64_gpus(paper, size, gpus):
+    cfg = paper(size, gpus)
+    try:
+        result = search_config(cfg)
+    except UserError as err:  # the model does not fit at all on this many GPUs (34B/70B at 16)
+        pytest.skip(f"nothing fits: {err}")
+    if colocated(result).best is None:
+        pytest.skip(f"colocating all four models does not fit memory: {colocated(result).reason}")
+    assert len(result.chosen.sets) == 1, result.chosen
+
+
+def _actor_apart_from_critic(result):
+    sets = result.chosen.partition
+    return not any({"actor", "critic"} <= set(s) for s in sets)
+
+
+def test_split_is_chosen_for_34b_at_128_gpus(paper):
+    assert _actor_apart_from_critic(search_config(paper("34b", 128)))
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "the cost model keeps 13B colocated at 128 GPUs: Llama-2-13B has no GQA, so each decode step streams "
+    "~3x more KV cache than weights and generation on half the GPUs costs ~12 s more than the split's "
+    "concurrent preparation and training save (~2-5 s)"))
+def test_split_is_chosen_for_13b_at_128_gpus(paper):
+    assert _actor_apart_from_critic(search_config(paper("13b", 128)))
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("gpus", (16, 32, 64, 128))
+def test_returned_plan_passes_the_memory_estimator(paper, size, gpus):
+    cfg = paper(size, gpus)
+    try:
+        plan, explanation = search_placement(cfg)  # build_plan inside raises if the estimator rejects it
+    except UserError as err:
+        assert str(err).startswith("placement: no placement")  # nothing fits: said so, nothing returned
+        return
+    assert plan.over_capacity() == []
+    # build_plan runs the estimator and every explicit-placement check again from the plan's own layout.
+    again = build_plan(cfg, {r: m.ranks for r, m in plan.meshes.items()}, plan.meshes)
+    assert again.over_capacity() == []
+    assert set(again.meshes) == {"actor", "critic", "ref", "reward", "rollout"}
+    assert plan.meshes["rollout"].ranks == plan.meshes["actor"].ranks
+    assert explanation.total_s == pytest.approx(sum(explanation.stage_s.values()))
+
+
+def test_search_is_deterministic_on_the_paper_setup(paper):
+    first, second = search_config(paper("13b", 128)), search_config(paper("13b", 128))
+    assert first.chosen == second.chosen
+    assert [p.best.total if p.best else None for p in first.partitions] == \
+        [p.best.total if p.best else None for p in second.partitions]
+
+
+def test_explanation_names_why_the_split_lost_at_small_scale(paper):
+    _, explanation = search_placement(paper("13b", 32))
+    assert explanation.why.startswith("colocating every role wins")
+    losers = [r for r in explanation.runners_up if r.total_s is not None]
+    assert losers and all(r.total_s >= explanation.total_s for r in losers)
+    assert "generation +" in losers[0].reason  # the split's actor generates on fewer GPUs
+    text = explanation.format()
+    assert "runners-up:" in text and "calibrated: 0 of" in text
