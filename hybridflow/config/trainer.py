@@ -16,6 +16,7 @@ class TrainerConfig:
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     warmup_sft_steps: int = 0
+    sft_lr: float | None = None  # learning rate of the supervised warm-up; None = lr
     save_every: int = 0  # 0 = only at the end
     resume: str = "auto"  # "auto" | "never" | path to a checkpoint dir
     output_dir: str = "runs/${name}"

@@ -7,22 +7,24 @@ the head ("lm" or a scalar head), whether it trains, and what a forward returns 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from megatron.core.process_groups_config import ProcessGroupCollection
 
 from hybridflow.placement import RoleMesh
 from megatron_adapters.forward_backward import run_forward_backward
-from megatron_adapters.hf_safetensors import load_hf_weights
+from megatron_adapters.hf_safetensors import load_hf_weights, save_hf_weights
 from megatron_adapters.logprobs import token_logprobs
 from megatron_adapters.model import build_gpt
 from megatron_adapters.optimizer import (
     OptimizerSettings,
+    RoleOptimizer,
     TrainingPrecision,
     build_optimizer,
-    optimizer_step,
     wrap_for_training,
 )
 from megatron_adapters.process_groups import seed_role_rng
@@ -42,7 +44,7 @@ class ModelRole:
     groups: ProcessGroupCollection
     model: torch.nn.Module  # DDP-wrapped when trained
     micro_batch_size: int
-    optimizer: object | None = None
+    optimizer: RoleOptimizer | None = None
     extra: dict = field(default_factory=dict)
 
     def logprobs(
@@ -55,6 +57,24 @@ class ModelRole:
         out = token_logprobs(logits[:, :-1], input_ids[:, 1:], self.groups.tp, temperature=temperature,
                              with_entropy=with_entropy)
         return tuple(map(shift_right, out)) if with_entropy else shift_right(out)
+
+    @contextmanager
+    def learning_rate(self, lr: float) -> Iterator[None]:
+        """Train at `lr` inside the block (the supervised warm-up), then return to the configured schedule.
+
+        megatron's scheduler reads each param group's own `max_lr`, so that is what is swapped.
+        """
+        groups = self.optimizer.optimizer.param_groups
+        saved = [(g["lr"], g.get("max_lr")) for g in groups]
+        for g in groups:
+            g["lr"] = g["max_lr"] = lr
+        try:
+            yield
+        finally:
+            for g, (old_lr, old_max) in zip(groups, saved, strict=True):
+                g["lr"], g["max_lr"] = old_lr, old_max
+                if old_max is None:
+                    del g["max_lr"]
 
     @property
     def dp_rank(self) -> int:
@@ -85,7 +105,7 @@ class ModelRole:
         """One optimizer step over this replica's rows; token-mean metrics averaged over the role's DP."""
         self.optimizer.zero_grad()
         metrics = run_forward_backward([self.model], self.groups, self.micro_batches(tensors), loss_fn)
-        stats = optimizer_step(self.optimizer)
+        stats = self.optimizer.step()
         totals = {k: sum(m[k].float() for m in metrics) for k in metrics[0]}
         keys = sorted(totals)
         packed = torch.stack([totals[k].reshape(()) for k in keys]).to(_comm_device())
@@ -123,6 +143,15 @@ def build_model_role(
     ddp = wrap_for_training([model], groups, use_distributed_optimizer=optimizer.use_distributed_optimizer)
     opt = build_optimizer(ddp, groups, optimizer, precision)
     return ModelRole(name, mesh, groups, ddp[0], micro_batch_size, opt)
+
+
+def copy_weights(src: ModelRole | None, dst: ModelRole | None, via_dir: Path, hf_dir: str) -> None:
+    """Give `dst` the weights of `src` through an HF checkpoint in `via_dir` (any two meshes; collective)."""
+    if src is not None:
+        save_hf_weights(unwrap(src.model), via_dir, hf_dir)
+    torch.distributed.barrier()
+    if dst is not None:
+        load_hf_weights(unwrap(dst.model), via_dir)
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:

@@ -65,9 +65,12 @@ def save(root: Path, step: int, roles: dict[str, ModelRole], rank_state: dict) -
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
     dist.barrier()
-    state = {name: sharded_state(roles[name].model, roles[name].optimizer) for name in TRAINED if name in roles}
+    held = [name for name in TRAINED if name in roles]
+    state = {name: sharded_state(roles[name].model, roles[name].optimizer.optimizer) for name in held}
     dist_checkpointing.save(state, str(partial))
-    torch.save({**rank_state, "rng": _rng_state()}, partial / f"rank{dist.get_rank():05d}.pt")
+    schedulers = {name: roles[name].optimizer.scheduler.state_dict() for name in held}
+    torch.save({**rank_state, "rng": _rng_state(), "schedulers": schedulers},
+               partial / f"rank{dist.get_rank():05d}.pt")
     dist.barrier()
     if dist.get_rank() == 0:
         partial.rename(final)
@@ -77,13 +80,15 @@ def save(root: Path, step: int, roles: dict[str, ModelRole], rank_state: dict) -
 
 def load(path: Path, roles: dict[str, ModelRole]) -> dict:
     """Collective: restore trained roles and return this rank's saved state (RNG restored already)."""
-    state = {name: sharded_state(roles[name].model, roles[name].optimizer, is_loading=True)
+    state = {name: sharded_state(roles[name].model, roles[name].optimizer.optimizer, is_loading=True)
              for name in TRAINED if name in roles}
     with torch.no_grad():
         loaded = dist_checkpointing.load(state, str(path))
     for name in state:
         unwrap(roles[name].model).load_state_dict(loaded[name]["model"], strict=False)
-        roles[name].optimizer.load_state_dict(loaded[name]["optimizer"])
+        roles[name].optimizer.optimizer.load_state_dict(loaded[name]["optimizer"])
     rank_state = torch.load(path / f"rank{dist.get_rank():05d}.pt", weights_only=False)
+    for name, sched in rank_state.pop("schedulers").items():
+        roles[name].optimizer.scheduler.load_state_dict(sched)
     _set_rng_state(rank_state.pop("rng"))
     return rank_state

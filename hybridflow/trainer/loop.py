@@ -10,12 +10,12 @@ from hybridflow.config import ExperimentConfig
 from hybridflow.data import PromptLoader, collate_sft
 from hybridflow.errors import UserError
 from hybridflow.placement import Plan
-from hybridflow.roles.model_role import unwrap
+from hybridflow.roles.model_role import copy_weights, unwrap
 from hybridflow.trainer import checkpointing
 from hybridflow.trainer.batch import StepBatch, encode_prompts, pad_columns
 from hybridflow.trainer.build import build_run
 from hybridflow.trainer.metrics import MetricsLog
-from megatron_adapters.hf_safetensors import save_hf_weights
+from megatron_adapters.hf_safetensors import load_hf_weights, save_hf_weights
 
 
 def next_step_batch(loader: PromptLoader, tokenizer, cfg: ExperimentConfig) -> StepBatch:
@@ -27,9 +27,15 @@ def next_step_batch(loader: PromptLoader, tokenizer, cfg: ExperimentConfig) -> S
     return StepBatch(rows=rows, tokens=tokens, prompt_lens=lens)
 
 
-def warmup(trainer, loader: PromptLoader, tokenizer, cfg: ExperimentConfig, log: MetricsLog) -> None:
-    """Supervised steps on the dataset's answers so the policy starts with non-zero reward."""
-    for step in range(cfg.trainer.warmup_sft_steps):
+def warmup(trainer, loader: PromptLoader, tokenizer, cfg: ExperimentConfig, log: MetricsLog, sft_dir: Path,
+           hf_dir: str) -> None:
+    """Supervised steps on the dataset's answers so the policy starts with non-zero reward; the result
+    becomes the reference model too (KL is measured against the SFT policy, as in RLHF)."""
+    steps = cfg.trainer.warmup_sft_steps
+    if not steps:
+        return
+    actor = trainer.roles.get("actor")
+    for step in range(steps):
         rows = loader.next_rows() * cfg.rollout.n_samples_per_prompt
         if "answer" not in rows[0]:
             raise UserError("trainer.warmup_sft_steps: the dataset rows have no 'answer' field to imitate; "
@@ -38,9 +44,12 @@ def warmup(trainer, loader: PromptLoader, tokenizer, cfg: ExperimentConfig, log:
                           cfg.data.seq_length)
         tensors = {"input_ids": pad_columns(sft.input_ids, cfg.data.seq_length, tokenizer.pad_token_id),
                    "loss_mask": pad_columns(sft.loss_mask, cfg.data.seq_length, 0.0)}
-        metrics = trainer.warmup(tensors) if "actor" in trainer.roles else {}
-        log.log(step + 1, metrics, phase="sft")
-    trainer.rollout.sync(trainer.roles.get("actor"))
+        if actor is not None:
+            with actor.learning_rate(cfg.trainer.sft_lr or cfg.trainer.lr):
+                metrics = trainer.warmup(tensors)
+        log.log(step + 1, metrics if actor is not None else {}, phase="sft")
+    copy_weights(actor, trainer.roles.get("ref"), sft_dir, hf_dir)
+    trainer.rollout.sync(actor)
 
 
 def train(cfg: ExperimentConfig, plan: Plan) -> dict[str, float]:
@@ -56,17 +65,19 @@ def train(cfg: ExperimentConfig, plan: Plan) -> dict[str, float]:
     resume_from = {"auto": checkpointing.latest_complete(ckpt_root), "never": None}.get(
         cfg.trainer.resume, Path(cfg.trainer.resume))
     start = 0
-    log = None
+    sft_dir = work_dir / "sft_model"
     if resume_from is not None:
         state = checkpointing.load(resume_from, trainer.roles)
         loader.load_state_dict(state["loader"])
         trainer.kl_ctl.load_state_dict(state["kl"])
         trainer.rollout.step, start = state["rollout_step"], state["step"]
         trainer.rollout.sync(trainer.roles.get("actor"))
+        if cfg.trainer.warmup_sft_steps and "ref" in trainer.roles:
+            load_hf_weights(unwrap(trainer.roles["ref"].model), sft_dir)
     log = MetricsLog(work_dir, cfg.trainer.total_steps, start, active=dist.get_rank() == 0)
     if resume_from is None:
         warmup(trainer, PromptLoader(built.dataset, tokenizer, batch, cfg.data.max_prompt_length, seed=seed + 1),
-               tokenizer, cfg, log)
+               tokenizer, cfg, log, sft_dir, built.hf_dir)
     metrics: dict[str, float] = {}
     for step in range(start, cfg.trainer.total_steps):
         metrics = trainer.step(next_step_batch(loader, tokenizer, cfg))

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import warnings
+
+import torch
+
 from hybridflow.config import load_experiment
 from hybridflow.launch import init_distributed
 from hybridflow.placement import plan_placement
@@ -14,5 +18,10 @@ def worker_main(experiment: str | None, overrides: list[str]) -> dict[str, float
     cfg = load_experiment(experiment, overrides)
     plan = plan_placement(cfg)
     init_distributed(cfg.distributed)
-    enable_cpu_backend()
+    if enable_cpu_backend():
+        # CPU ranks share the machine's cores; one thread each avoids oversubscription and keeps
+        # reductions in a fixed order (bitwise-reproducible resume).
+        torch.set_num_threads(1)
+    for noisy in ("Apex is not installed", "CUDA_DEVICE_MAX_CONNECTIONS", "is deprecated", "non-leaf Tensor"):
+        warnings.filterwarnings("ignore", message=f".*{noisy}.*")
     return train(cfg, plan)
