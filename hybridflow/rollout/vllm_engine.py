@@ -1,0 +1,273 @@
+"""vLLM rollout engine, co-located: one vLLM `LLM` per rollout DP group, living inside the training ranks.
+
+Written against vLLM 0.33. Every rank of the job builds its own `LLM` with
+`distributed_executor_backend="external_launcher"`: vLLM then reuses the job's torch.distributed world and
+cuts it into TP groups of consecutive ranks (vllm/distributed/parallel_state.py lays ranks out as
+ExternalDP x DP x PP x PCP x TP), which equals the plan's rollout TP groups when the rollout mesh spans the
+whole job (checked by `check_external_launcher_mesh`). The engine starts with random (`load_format="dummy"`)
+weights; the bridge's shards, already in vLLM's fused layout and already this rank's TP slice, are copied
+straight into vLLM's parameter tensors. vLLM is imported only when an engine is built, so this module
+imports without it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from hybridflow.errors import UserError
+from hybridflow.rollout.base import RolloutBatch, SamplingParams
+
+# Set by this engine, never by rollout.engine_args: they define how vLLM lives inside the job.
+RESERVED_ENGINE_ARGS = frozenset(
+    {
+        "model",
+        "tensor_parallel_size",
+        "pipeline_parallel_size",
+        "data_parallel_size",
+        "distributed_executor_backend",
+        "enable_sleep_mode",
+        "load_format",
+        "dtype",
+        "seed",
+    }
+)
+# Defaults rollout.engine_args may override. processed_logprobs = log_softmax(logits / temperature), which is
+# what RolloutBatch.logprobs promises as long as top-k/top-p are off (see `sampling_kwargs`).
+DEFAULT_ENGINE_ARGS: dict[str, Any] = {"skip_tokenizer_init": True, "logprobs_mode": "processed_logprobs"}
+VLLM_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+SLEEP_TAGS = ("weights", "kv_cache")
+
+
+class WeightLayoutMismatch(RuntimeError):
+    """The bridge's shards do not match the parameters the vLLM engine holds (a bug, not bad input)."""
+
+
+@dataclass(frozen=True)
+class VllmEngineSpec:
+    """What one rollout engine is built from; fields mirror RolloutConfig plus the rollout mesh's TP.
+
+    model_path: a local HF model directory (its config.json shapes the engine; weights come from the bridge).
+    sleep_level: 1 frees the KV cache and offloads weights to CPU, 2 also discards the weights (cheaper when
+    every sync rewrites all of them anyway).
+    """
+
+    model_path: str
+    tp: int
+    dtype: str = "bf16"
+    gpu_memory_utilization: float = 0.5
+    sleep_level: int = 1
+    seed: int = 0
+    engine_args: Mapping[str, Any] = field(default_factory=dict)
+
+
+def check_external_launcher_mesh(rollout_ranks: Sequence[int], tp: int, world_size: int) -> None:
+    """Fail unless vLLM's own rank layout reproduces the rollout mesh (see the module docstring)."""
+    if tuple(rollout_ranks) != tuple(range(world_size)) or world_size % tp:
+        raise UserError(
+            "placement.resources.rollout: the vLLM engine (external_launcher) needs the rollout on all ranks "
+            f"0..{world_size - 1} with rollout tp dividing {world_size}, got ranks {list(rollout_ranks)} at "
+            f"tp={tp}; colocate rollout with all ranks or set rollout.engine=megatron"
+        )
+
+
+def engine_kwargs(spec: VllmEngineSpec, known_args: Iterable[str] | None = None) -> dict[str, Any]:
+    """Keyword arguments for `vllm.LLM`; `known_args` (vllm.EngineArgs' fields) catches misspelled keys."""
+    user = dict(spec.engine_args)
+    for key in sorted(user):
+        if key in RESERVED_ENGINE_ARGS:
+            raise UserError(f"rollout.engine_args.{key}: set by hybridflow's vLLM engine; remove it")
+        if known_args is not None and key not in set(known_args):
+            raise UserError(f"rollout.engine_args.{key}: not a vLLM engine argument; see vllm.EngineArgs")
+    gmu = user.pop("gpu_memory_utilization", spec.gpu_memory_utilization)
+    if gmu != spec.gpu_memory_utilization:
+        raise UserError(
+            f"rollout.engine_args.gpu_memory_utilization: {gmu} contradicts rollout.gpu_memory_utilization="
+            f"{spec.gpu_memory_utilization}; set only rollout.gpu_memory_utilization"
+        )
+    if spec.dtype not in VLLM_DTYPES:
+        raise UserError(f"rollout.dtype: {spec.dtype!r} is not one of {sorted(VLLM_DTYPES)}")
+    if spec.sleep_level not in (1, 2):
+        raise UserError(f"rollout.sleep_level: {spec.sleep_level} is not 1 or 2")
+    return {
+        **DEFAULT_ENGINE_ARGS,
+        **user,
+        "model": spec.model_path,
+        "tensor_parallel_size": spec.tp,
+        "distributed_executor_backend": "external_launcher",
+        "enable_sleep_mode": True,
+        "load_format": "dummy",
+        "dtype": VLLM_DTYPES[spec.dtype],
+        "gpu_memory_utilization": spec.gpu_memory_utilization,
+        # every TP rank runs its own scheduler and sampler; identical seeds keep them in lockstep
+        "seed": spec.seed,
+    }
+
+
+def request_seed(seed: int, dp_rank: int, row: int) -> int:
+    """A distinct, reproducible sampling seed per prompt row: duplicated prompts (GRPO groups) must differ."""
+    return ((seed * 1_000_003 + dp_rank) * 1_000_003 + row) % (1 << 63)
+
+
+def sampling_kwargs(sampling: SamplingParams, max_tokens: int, seed: int) -> dict[str, Any]:
+    """Keyword arguments for one request's `vllm.SamplingParams`.
+
+    Stopping happens only at `stop_token_ids` (ignore_eos), as in the native engine; logprobs=0 returns the
+    sampled token's log-prob only. top_k <= 0 means off (RolloutConfig writes -1); vLLM 0.33 prefers 0.
+    """
+    if sampling.top_k > 0 or sampling.top_p < 1.0:
+        warnings.warn(
+            "vLLM returns log-probs renormalised after top-k/top-p filtering, while RolloutBatch.logprobs is "
+            "unfiltered: the parity gate will show the difference",
+            stacklevel=2,
+        )
+    return {
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "top_k": sampling.top_k if sampling.top_k > 0 else 0,
+        "max_tokens": max_tokens,
+        "stop_token_ids": list(sampling.stop_token_ids),
+        "ignore_eos": True,
+        "logprobs": 0,
+        "seed": seed,
+        "detokenize": False,
+    }
+
+
+def response_room(batch: RolloutBatch, sampling: SamplingParams) -> list[int]:
+    """Tokens each row may generate: max_new_tokens, cut where the row's columns end (as native)."""
+    width = batch.tokens.shape[1]
+    return [min(sampling.max_new_tokens, width - int(p)) for p in batch.prompt_lens.tolist()]
+
+
+def outputs_to_batch(batch: RolloutBatch, outputs: Sequence[Any | None], sampling: SamplingParams) -> RolloutBatch:
+    """Write vLLM RequestOutputs (one per row, None for rows without room) into the batch's columns."""
+    tokens = batch.tokens.clone()
+    bsz, width = tokens.shape
+    logprobs = torch.zeros(bsz, width, dtype=torch.float32)
+    response_mask = torch.zeros(bsz, width, dtype=torch.long)
+    if len(outputs) != bsz:
+        raise RuntimeError(f"vLLM answered {len(outputs)} requests for {bsz} prompts")
+    for row, (out, room) in enumerate(zip(outputs, response_room(batch, sampling), strict=True)):
+        start = int(batch.prompt_lens[row])
+        tokens[row, start:] = sampling.pad_token_id
+        if out is None:
+            continue
+        if list(out.prompt_token_ids) != batch.tokens[row, :start].tolist():
+            raise RuntimeError(f"vLLM output {row} belongs to another prompt (request order changed)")
+        completion = out.outputs[0]
+        ids = list(completion.token_ids)
+        if len(ids) > room or completion.logprobs is None or len(completion.logprobs) != len(ids):
+            raise RuntimeError(f"vLLM output {row}: {len(ids)} tokens for room {room}, or log-probs missing")
+        end = start + len(ids)
+        tokens[row, start:end] = torch.tensor(ids, dtype=tokens.dtype)
+        # each position maps token id -> Logprob; with logprobs=0 it holds the sampled token (at least)
+        picked = [pos[t].logprob for pos, t in zip(completion.logprobs, ids, strict=True)]
+        logprobs[row, start:end] = torch.tensor(picked)
+        response_mask[row, start:end] = 1
+    device = batch.tokens.device
+    return RolloutBatch(tokens, batch.prompt_lens, response_mask.to(device), logprobs.to(device))
+
+
+@torch.no_grad()
+def write_shards_in_place(params: Mapping[str, torch.Tensor], shards: Iterable[tuple[str, torch.Tensor]]) -> int:
+    """Copy each (name, shard) into `params[name]` (casting dtype, moving device); return the count written.
+
+    `params` comes from `named_parameters(remove_duplicate=False)`, so a tied lm_head is reachable under both
+    names. Unknown names, wrong shapes, a name sent twice, or a parameter left unwritten all raise
+    `WeightLayoutMismatch`: a partial sync would leave the engine sampling from stale or random weights.
+    """
+    written_names: set[str] = set()
+    written_tensors: set[int] = set()
+    for name, shard in shards:
+        param = params.get(name)
+        if param is None:
+            raise WeightLayoutMismatch(f"vLLM engine has no parameter {name!r} (it holds e.g. {sorted(params)[:4]})")
+        if name in written_names:
+            raise WeightLayoutMismatch(f"{name}: sent twice in one weight sync")
+        if tuple(shard.shape) != tuple(param.shape):
+            raise WeightLayoutMismatch(
+                f"{name}: bridge shard shape {tuple(shard.shape)} != vLLM parameter {tuple(param.shape)}"
+            )
+        param.copy_(shard)
+        written_names.add(name)
+        written_tensors.add(id(param))
+    missing = sorted(n for n, p in params.items() if id(p) not in written_tensors)
+    if missing:
+        raise WeightLayoutMismatch(f"weight sync left {len(missing)} vLLM parameters unwritten, e.g. {missing[:4]}")
+    return len(written_names)
+
+
+class VllmRolloutEngine:
+    """The RolloutEngine protocol on a vLLM `LLM` (built by `create`, or any object with its methods)."""
+
+    def __init__(self, llm: Any, sampling_params_cls: Any, spec: VllmEngineSpec, dp_rank: int):
+        self.llm = llm
+        self.sampling_params_cls = sampling_params_cls
+        self.spec = spec
+        self.dp_rank = dp_rank
+        self.asleep: set[str] = set()
+
+    @classmethod
+    def create(cls, spec: VllmEngineSpec, rollout_ranks: Sequence[int]) -> VllmRolloutEngine:
+        """Build this rank's engine; collective over the job (every rank calls it at the same time)."""
+        import torch.distributed as dist
+
+        world_size, rank = dist.get_world_size(), dist.get_rank()
+        check_external_launcher_mesh(rollout_ranks, spec.tp, world_size)
+        import vllm
+
+        known = [f.name for f in dataclasses.fields(vllm.EngineArgs)]
+        llm = vllm.LLM(**engine_kwargs(spec, known))
+        return cls(llm, vllm.SamplingParams, spec, dp_rank=rank // spec.tp)
+
+    def model(self) -> torch.nn.Module:
+        """vLLM's model on this rank: external_launcher runs one in-process worker (no V1 multiprocessing).
+
+        Path verified in vLLM 0.33: LLMEngine.model_executor (ExecutorWithExternalLauncher) .driver_worker
+        (WorkerWrapperBase) .worker (gpu_worker.Worker) .get_model() (unwraps CUDA-graph wrappers).
+        """
+        return self.llm.llm_engine.model_executor.driver_worker.worker.get_model()
+
+    def generate(self, batch: RolloutBatch, sampling: SamplingParams) -> RolloutBatch:
+        """Sample responses; every TP rank of this DP group must pass the same batch (lockstep)."""
+        if self.asleep:
+            raise RuntimeError(f"vLLM engine is asleep ({sorted(self.asleep)}): wake_up() before generate")
+        rows, prompts, params = [], [], []
+        for row, room in enumerate(response_room(batch, sampling)):
+            if room <= 0:
+                continue
+            rows.append(row)
+            prompts.append({"prompt_token_ids": batch.tokens[row, : int(batch.prompt_lens[row])].tolist()})
+            seed = request_seed(sampling.seed, self.dp_rank, row)
+            params.append(self.sampling_params_cls(**sampling_kwargs(sampling, room, seed)))
+        answers = self.llm.generate(prompts, params, use_tqdm=False) if prompts else []
+        outputs: list[Any | None] = [None] * batch.tokens.shape[0]
+        for row, answer in zip(rows, answers, strict=True):
+            outputs[row] = answer
+        return outputs_to_batch(batch, outputs, sampling)
+
+    def load_weights(self, shards: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Write the bridge's vLLM-layout shards into the engine; then drop KV blocks of the old weights."""
+        if "weights" in self.asleep:
+            raise RuntimeError("vLLM weights are asleep: wake_up(('weights',)) before load_weights")
+        write_shards_in_place(dict(self.model().named_parameters(remove_duplicate=False)), shards)
+        self.llm.reset_prefix_cache()
+
+    def sleep(self) -> None:
+        """Free the KV cache (and offload or drop the weights, per spec.sleep_level) for training."""
+        self.llm.sleep(level=self.spec.sleep_level)
+        self.asleep = set(SLEEP_TAGS)
+
+    def wake_up(self, tags: tuple[str, ...] = SLEEP_TAGS) -> None:
+        """Re-allocate `tags` (weights before a sync, kv_cache before generation)."""
+        unknown = set(tags) - set(SLEEP_TAGS)
+        if unknown:
+            raise ValueError(f"wake_up tags {sorted(unknown)} are not in {SLEEP_TAGS}")
+        self.llm.wake_up(tags=list(tags))
+        self.asleep -= set(tags)
