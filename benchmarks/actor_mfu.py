@@ -1,0 +1,156 @@
+"""Actor training-step MFU of a megatron-core GPT built by ``megatron_adapters.model.build_gpt``.
+
+    python benchmarks/actor_mfu.py                  # 1.5B Llama shape on one GPU, bf16 (the issue's setting)
+    python benchmarks/actor_mfu.py --spec local     # megatron's unfused local attention, for comparison
+    python benchmarks/actor_mfu.py --quick          # tiny model, runs on CPU too (smoke test)
+
+Times forward + backward (LM loss through megatron's vocab-parallel cross entropy) of one micro-batch per
+step, no optimizer step, TP = PP = 1. MFU = model FLOPs / step time / peak (989e12 for H200 dense bf16).
+Model FLOPs per token = 6 * (matmul parameters incl. LM head, excl. the input embedding) + 12 * layers *
+seq * (heads * head_dim) (attention scores and values, full square, PaLM's convention).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from transformers import LlamaConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from megatron_adapters.cpu_backend import enable_cpu_backend  # noqa: E402
+from megatron_adapters.model import build_gpt  # noqa: E402
+from megatron_adapters.process_groups import build_role_groups, seed_role_rng  # noqa: E402
+
+H200_BF16_PEAK = 989e12
+FULL = dict(
+    hidden_size=2048,
+    intermediate_size=8192,
+    num_hidden_layers=16,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    vocab_size=128256,
+)
+QUICK = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=1000,
+)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny model, few steps (CPU smoke test)")
+    parser.add_argument("--spec", default="auto", help="layer spec: auto | te | sdpa | local")
+    parser.add_argument("--seq", type=int, default=None, help="sequence length (default 2048; quick 64)")
+    parser.add_argument("--micro-batch", type=int, default=None, help="micro-batch size (default 4; quick 2)")
+    parser.add_argument("--steps", type=int, default=None, help="timed steps (default 10; quick 2)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")
+    parser.add_argument("--peak-flops", type=float, default=H200_BF16_PEAK, help="peak FLOP/s for MFU")
+    parser.add_argument("--json", default=None, help="also write the result as JSON here")
+    return parser.parse_args(argv)
+
+
+def model_flops_per_token(cfg: LlamaConfig, seq: int) -> float:
+    """6 * matmul params (+ LM head) + 12 * L * s * (heads * head_dim); see the module docstring."""
+    h, f, L = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
+    d = h // cfg.num_attention_heads
+    attn_proj = h * d * (cfg.num_attention_heads * 2 + cfg.num_key_value_heads * 2)
+    per_layer = attn_proj + 3 * h * f
+    matmul_params = L * per_layer + h * cfg.vocab_size
+    return 6 * matmul_params + 12 * L * seq * cfg.num_attention_heads * d
+
+
+def _init_single_process() -> torch.device:
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29533")
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    cuda = torch.cuda.is_available()
+    dist.init_process_group("nccl" if cuda else "gloo", rank=0, world_size=1)
+    if cuda:
+        torch.cuda.set_device(0)
+        return torch.device("cuda", 0)
+    enable_cpu_backend()
+    return torch.device("cpu")
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    device = _init_single_process()
+    on_gpu = device.type == "cuda"
+    seq = args.seq or (64 if args.quick else 2048)
+    batch = args.micro_batch or (2 if args.quick else 4)
+    steps = args.steps or (2 if args.quick else 10)
+    cfg = LlamaConfig(
+        **(QUICK if args.quick else FULL),
+        max_position_embeddings=seq,
+        rope_theta=500000.0,
+        tie_word_embeddings=False,
+        architectures=["LlamaForCausalLM"],
+    )
+    pg = build_role_groups([0], tp=1, pp=1, dp=1)
+    seed_role_rng(1234, pg)
+    dtype = torch.bfloat16 if on_gpu else torch.float32
+    model = build_gpt(cfg, pg, dtype=dtype, spec=args.spec)
+    ids = torch.randint(0, cfg.vocab_size, (batch, seq), device=device)
+    labels = torch.randint(0, cfg.vocab_size, (batch, seq), device=device)
+    position_ids = torch.arange(seq, device=device).expand(batch, seq)
+
+    def step() -> None:
+        loss = model(ids, position_ids, None, labels=labels).float().mean()
+        loss.backward()
+        for p in model.parameters():
+            p.grad = None
+
+    for _ in range(args.warmup):
+        step()
+    if on_gpu:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    if on_gpu:
+        torch.cuda.synchronize()
+    step_s = (time.perf_counter() - start) / steps
+    flops = model_flops_per_token(cfg, seq) * batch * seq
+    result = {
+        "device": torch.cuda.get_device_name(0) if on_gpu else "cpu",
+        "spec": model.spec_name,
+        "dtype": str(dtype).removeprefix("torch."),
+        "layers": cfg.num_hidden_layers,
+        "hidden": cfg.hidden_size,
+        "vocab": cfg.vocab_size,
+        "seq": seq,
+        "micro_batch": batch,
+        "steps": steps,
+        "params": sum(p.numel() for p in model.parameters()),
+        "step_s": step_s,
+        "tflops_per_s": flops / step_s / 1e12,
+        "mfu": flops / step_s / args.peak_flops,
+        "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if on_gpu else None,
+    }
+    print(
+        f"spec={result['spec']} dtype={result['dtype']} params={result['params'] / 1e9:.2f}B "
+        f"seq={seq} mb={batch}: step {step_s * 1e3:.1f} ms, {result['tflops_per_s']:.1f} TFLOP/s, "
+        f"MFU {result['mfu'] * 100:.1f}% of {args.peak_flops / 1e12:.0f} TFLOP/s, "
+        f"peak memory {result['peak_memory_gib'] or 0:.1f} GiB"
+    )
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+    dist.destroy_process_group()
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+"""One benchmark run's figures from the trainer's metrics.jsonl: warm-up steps dropped, the rest averaged."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from benchmarks.flops import actor_update_flops, mfu
+from hybridflow.config import ExperimentConfig
+from hybridflow.config.cluster import resolve_cluster
+from hybridflow.placement import Plan
+
+# The trainer's stage timers, in dataflow order (time/<stage> in metrics.jsonl).
+STAGES = ("generate", "reward", "ref", "values", "old_logprobs", "exchange", "advantages", "update_critic",
+          "update_actor", "sync")
+
+
+def read_rl_records(path: Path) -> list[dict]:
+    """The rl-phase records of metrics.jsonl in step order (the last record of a step wins)."""
+    by_step: dict[int, dict] = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            record = json.loads(line)
+            if record.get("phase") == "rl":
+                by_step[record["step"]] = record
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def summarize(records: list[dict], warmup_steps: int, cfg: ExperimentConfig, plan: Plan) -> dict:
+    """Throughput, stage times, actor-update MFU, peak memory and parity over the timed steps.
+
+    Throughput is (prompt + response tokens) / step time summed over the timed steps, HybridFlow's metric;
+    a step's tokens are recovered as tokens_per_s * step_time_s of its record.
+    """
+    timed = records[warmup_steps:]
+    if not timed:
+        raise ValueError(f"metrics: {len(records)} rl steps recorded, none left after {warmup_steps} warm-up steps")
+    tokens = [r["tokens_per_s"] * r["step_time_s"] for r in timed]
+    step_s = [r["step_time_s"] for r in timed]
+    samples = cfg.data.train_batch_size * cfg.rollout.n_samples_per_prompt
+    stages = {s: _mean([r.get(f"time/{s}", 0.0) for r in timed]) for s in STAGES}
+    extra = sorted({k.removeprefix("time/") for r in timed for k in r if k.startswith("time/")} - set(STAGES))
+    stages |= {s: _mean([r.get(f"time/{s}", 0.0) for r in timed]) for s in extra}
+    actor_gpus = len(plan.meshes["actor"].ranks)
+    peak = resolve_cluster(cfg.cluster).bf16_tflops
+    flops = actor_update_flops(cfg.model, _mean(tokens), _mean(tokens) / samples, cfg.algorithm.ppo_epochs)
+    memory = [r["peak_memory_gib"] for r in timed if "peak_memory_gib" in r]
+    throughput = sum(tokens) / sum(step_s)
+    update_s = stages["update_actor"]
+    return {
+        "timed_steps": len(timed),
+        "tokens_per_step": _mean(tokens),
+        "step_time_s": _mean(step_s),
+        "throughput_tokens_per_s": throughput,
+        "throughput_tokens_per_s_per_gpu": throughput / plan.world_size,
+        "stage_time_s": stages,
+        "actor_update": {"flops": flops, "gpus": actor_gpus, "peak_tflops_per_gpu": peak,
+                         "seconds": update_s, "mfu": mfu(flops, update_s, actor_gpus, peak)},
+        "peak_memory_gib": max(memory) if memory else None,
+        "parity_max_abs": max(r.get("parity/max_abs", 0.0) for r in timed),
+        "parity_mean_abs": _mean([r.get("parity/mean_abs", 0.0) for r in timed]),
+        "reward_mean": _mean([r.get("reward/mean", 0.0) for r in timed]),
+    }

@@ -1,0 +1,184 @@
+"""hybridflow vs Hugging Face TRL on the same GRPO work on one GPU, in one run:
+
+    python -m benchmarks.trl_compare --out DIR [--prompts 32 --samples-per-prompt 4 --response-length 512
+        --mini-batch 64 --micro-batch 4 --ppo-epochs 1 --warmup-steps 1 --steps 2] [-- hydra overrides]
+    python -m benchmarks.trl_compare --out DIR --dry-run    # CPU: argument handling and config mapping only
+
+Both sides load one ~1.2B Llama-shaped random checkpoint built here (`+experiment`'s model shape, default
+ppo_llama_1b_h200) with hybridflow's character tokenizer, take the same built-in prompts, generate exactly
+`--response-length` tokens per sample (no early stop), and run GRPO (TRL has no PPO trainer in 1.x; GRPO is
+the work both can do: group advantages, no critic, KL to the reference as a loss term, `--ppo-epochs`
+passes). hybridflow runs first (`python -m hybridflow.run`), then TRL in a fresh process. Written to DIR:
+compare.json, compare.md, hybridflow/ (the run), trl.json. The figure is the ratio of
+(prompt + response tokens) / step time, hybridflow over TRL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from benchmarks.placement_run import Sweep, run_placement
+from benchmarks.provenance import REPO_ROOT, provenance
+from benchmarks.trl_grpo import SharedWork, grpo_config_kwargs
+from hybridflow.config import load_experiment
+from hybridflow.errors import cli_errors
+from hybridflow.placement import plan_placement
+
+PROMPT_LENGTH = 32  # data.max_prompt_length; the built-in prompts are a few characters
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.trl_compare", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--experiment", default="ppo_llama_1b_h200")
+    parser.add_argument("--placement", default="colocated", help="conf/placement name for the hybridflow run")
+    parser.add_argument("--prompts", type=int, default=32)
+    parser.add_argument("--samples-per-prompt", type=int, default=4)
+    parser.add_argument("--response-length", type=int, default=512)
+    parser.add_argument("--mini-batch", type=int, default=64, help="samples per optimizer step")
+    parser.add_argument("--micro-batch", type=int, default=4)
+    parser.add_argument("--ppo-epochs", type=int, default=1)
+    parser.add_argument("--lr", type=float, default=1e-6)
+    parser.add_argument("--kl-coef", type=float, default=0.04)
+    parser.add_argument("--warmup-steps", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--dry-run", action="store_true", help="check arguments and the config mapping only")
+    argv = list(argv)
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
+    return args, extra
+
+
+def shared_work(args: argparse.Namespace, model_dir: Path) -> SharedWork:
+    work = SharedWork(model_dir=str(model_dir), prompts=args.prompts, samples_per_prompt=args.samples_per_prompt,
+                      response_length=args.response_length, mini_batch_size=args.mini_batch,
+                      micro_batch_size=args.micro_batch, ppo_epochs=args.ppo_epochs, lr=args.lr,
+                      kl_coef=args.kl_coef, cliprange=0.2, temperature=1.0, warmup_steps=args.warmup_steps,
+                      steps=args.steps, seed=args.seed)
+    work.check()
+    return work
+
+
+def hybridflow_overrides(work: SharedWork, extra: list[str]) -> list[str]:
+    """The experiment switched to the shared GRPO work, loading the shared checkpoint and tokenizer."""
+    return ["algorithm=grpo", "roles.critic.enabled=false", f"model.path={work.model_dir}",
+            f"data.tokenizer={work.model_dir}", f"data.source={work.task}", f"data.train_batch_size={work.prompts}",
+            f"data.max_prompt_length={PROMPT_LENGTH}", f"data.seq_length={PROMPT_LENGTH + work.response_length}",
+            f"rollout.n_samples_per_prompt={work.samples_per_prompt}",
+            f"rollout.max_new_tokens={work.response_length}", "rollout.stop_token_ids=[]",
+            f"rollout.temperature={work.temperature}", "rollout.top_p=1.0", "rollout.top_k=-1",
+            f"algorithm.mini_batch_size={work.mini_batch_size}", f"algorithm.ppo_epochs={work.ppo_epochs}",
+            f"algorithm.kl_coef={work.kl_coef}", f"algorithm.cliprange={work.cliprange}",
+            f"roles.actor.micro_batch_size={work.micro_batch_size}", f"trainer.lr={work.lr}",
+            f"trainer.seed={work.seed}", *extra]
+
+
+def build_checkpoint(experiment: str, model_dir: Path, seed: int, weights: bool = True) -> None:
+    """The shared random checkpoint (the experiment's model shape) and character tokenizer.
+
+    `weights=False` (dry run) writes only config.json, enough for the config to load and plan.
+    """
+    import transformers
+
+    from hybridflow.data import build_char_tokenizer
+    from hybridflow.trainer.model_files import random_hf_checkpoint
+
+    model = load_experiment(experiment, []).model
+    if weights and not any(model_dir.glob("*.safetensors")):
+        random_hf_checkpoint(model, model_dir, seed)
+    elif not weights:
+        transformers.LlamaConfig(
+            hidden_size=model.hidden_size, intermediate_size=model.intermediate_size,
+            num_hidden_layers=model.num_hidden_layers, num_attention_heads=model.num_attention_heads,
+            num_key_value_heads=model.num_key_value_heads, vocab_size=model.vocab_size,
+            max_position_embeddings=model.max_position_embeddings, rope_theta=model.rope_theta,
+            rms_norm_eps=model.rms_norm_eps, tie_word_embeddings=model.tie_word_embeddings,
+            bos_token_id=1, eos_token_id=2, pad_token_id=0).save_pretrained(model_dir)
+    build_char_tokenizer(model_dir)
+
+
+def compare_markdown(result: dict) -> str:
+    h, t, w = result["hybridflow"], result["trl"], result["work"]
+    lines = [f"# hybridflow vs TRL GRPO, {result['meta']['device']}, {result['meta']['date']}, "
+             f"commit {result['meta']['commit']}", "",
+             f"work: {w['prompts']} prompts x {w['samples_per_prompt']} samples, {w['response_length']} response "
+             f"tokens, mini-batch {w['mini_batch_size']}, micro-batch {w['micro_batch_size']}, "
+             f"{w['ppo_epochs']} epoch(s), {w['steps']} timed step(s) after {w['warmup_steps']} warm-up", "",
+             "| framework | tokens/s | step s | tokens/step | peak GiB |", "|---|---|---|---|---|"]
+    for name, r in (("hybridflow", h), (t.get("framework", "trl"), t)):
+        peak = r.get("peak_memory_gib")
+        lines.append(f"| {name} | {r['throughput_tokens_per_s']:,.0f} | {r['step_time_s']:.2f} | "
+                     f"{r['tokens_per_step']:,.0f} | {'-' if peak is None else f'{peak:.1f}'} |")
+    lines += ["", f"ratio (hybridflow / TRL throughput): **{result['ratio']:.2f}x**", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    with cli_errors():
+        args, extra = parse_args(sys.argv[1:] if argv is None else argv)
+        out = args.out.resolve()
+        out.mkdir(parents=True, exist_ok=True)
+        model_dir = out / ("dry_run_model" if args.dry_run else "model")
+        work = shared_work(args, model_dir)
+        overrides = hybridflow_overrides(work, extra)
+        if not any(model_dir.glob("*.safetensors")):
+            build_checkpoint(args.experiment, model_dir, args.seed, weights=False)
+        # Bad keys or a placement the planner rejects fail here, before the weights are built.
+        cfg = load_experiment(args.experiment, [*overrides, f"placement={args.placement}"])
+        plan_placement(cfg)
+        (out / "trl_spec.json").write_text(json.dumps(asdict(work), indent=2))
+        if args.dry_run:
+            print(json.dumps(dry_run_report(cfg, overrides, work, out), indent=2, default=str))
+            return 0
+        build_checkpoint(args.experiment, model_dir, args.seed)
+        sweep = Sweep(args.experiment, tuple(overrides), work.warmup_steps, work.steps, out / "hybridflow")
+        hf_run = run_placement(sweep, args.placement, simulate=False)
+        (out / "hybridflow.json").write_text(json.dumps(hf_run, indent=2))
+        if hf_run["status"] != "measured":
+            raise SystemExit(f"hybridflow run {hf_run['status']}: {hf_run.get('reason')}")
+        subprocess.run([sys.executable, "-m", "benchmarks.trl_grpo", "--spec", str(out / "trl_spec.json"),
+                        "--out", str(out / "trl.json")], cwd=REPO_ROOT, check=True)
+        trl = json.loads((out / "trl.json").read_text())
+        h = hf_run["measured"]
+        result = {"meta": provenance(), "work": asdict(work), "hybridflow_command": hf_run["command"],
+                  "hybridflow": {k: h[k] for k in ("throughput_tokens_per_s", "step_time_s", "tokens_per_step",
+                                                   "peak_memory_gib", "stage_time_s", "actor_update")},
+                  "trl": trl, "ratio": h["throughput_tokens_per_s"] / trl["throughput_tokens_per_s"]}
+        (out / "compare.json").write_text(json.dumps(result, indent=2))
+        (out / "compare.md").write_text(compare_markdown(result))
+        print(compare_markdown(result))
+    return 0
+
+
+def dry_run_report(cfg, overrides: list[str], work: SharedWork, out: Path) -> dict:
+    """What a real run would do: hybridflow's overrides and resolved figures, TRL's GRPOConfig fields."""
+    kwargs = grpo_config_kwargs(work, str(out / "trl_output"), on_gpu=False)
+    resolved = {"algorithm": cfg.algorithm.name, "critic": cfg.roles.critic.enabled,
+                "prompts": cfg.data.train_batch_size, "samples_per_prompt": cfg.rollout.n_samples_per_prompt,
+                "max_new_tokens": cfg.rollout.max_new_tokens, "stop_token_ids": list(cfg.rollout.stop_token_ids),
+                "mini_batch_size": cfg.algorithm.mini_batch_size, "ppo_epochs": cfg.algorithm.ppo_epochs,
+                "hidden_size": cfg.model.hidden_size, "layers": cfg.model.num_hidden_layers}
+    return {"hybridflow_overrides": overrides, "hybridflow_resolved": resolved, "grpo_config": kwargs,
+            "grpo_config_check": _construct_grpo_config(kwargs)}
+
+
+def _construct_grpo_config(kwargs: dict) -> str:
+    """Build TRL's GRPOConfig from the mapping when TRL is importable here (its own checks run)."""
+    try:
+        from trl import GRPOConfig
+    except ImportError as err:
+        return f"not checked: trl is not importable here ({err})"
+    config = GRPOConfig(**kwargs)
+    return (f"ok: trl GRPOConfig built; generation_batch_size={config.generation_batch_size}, "
+            f"steps_per_generation={config.steps_per_generation}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,159 @@
+"""The TRL side of the peer comparison: the same GRPO work through Hugging Face TRL's `GRPOTrainer`.
+
+`grpo_config_kwargs(work)` maps the shared work onto `GRPOConfig` fields (checked without TRL installed);
+`run_trl(work)` imports TRL, trains, and times each generate-score-update cycle (one hybridflow RL step).
+Run as `python -m benchmarks.trl_grpo --spec SPEC.json --out RESULT.json` (a fresh process, so the GPU
+memory hybridflow held is free). Checked against trl 1.16.0 (GRPOConfig / GRPOTrainer).
+
+Mapping (P prompts x G samples per step, mini-batch M samples per optimizer step, micro-batch u, E epochs):
+per_device_train_batch_size = u, gradient_accumulation_steps = M / u, steps_per_generation = P * G / u,
+num_generations = G, num_iterations = E, so one generation batch is P * G samples and is followed by
+P * G * E / M optimizer steps, as in hybridflow; min_new_tokens = max_completion_length = R makes every
+response R tokens long (hybridflow: no stop tokens).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class SharedWork:
+    """The work both frameworks do, in one place."""
+
+    model_dir: str  # HF checkpoint + tokenizer both sides load
+    prompts: int  # P: prompts per RL step
+    samples_per_prompt: int  # G
+    response_length: int  # R: tokens generated per sample (no early stop)
+    mini_batch_size: int  # M: samples per optimizer step
+    micro_batch_size: int  # u
+    ppo_epochs: int  # E
+    lr: float
+    kl_coef: float  # TRL beta; > 0 loads the reference model on both sides
+    cliprange: float
+    temperature: float
+    warmup_steps: int
+    steps: int
+    seed: int
+    task: str = "builtin:add"
+
+    @property
+    def samples(self) -> int:
+        return self.prompts * self.samples_per_prompt
+
+    @property
+    def optimizer_steps_per_rl_step(self) -> int:
+        return self.samples * self.ppo_epochs // self.mini_batch_size
+
+    def check(self) -> None:
+        """The divisibility both trainers need; ValueError names the flag to change."""
+        if self.mini_batch_size % self.micro_batch_size:
+            raise ValueError(f"--micro-batch: {self.micro_batch_size} does not divide --mini-batch "
+                             f"{self.mini_batch_size}; pick a divisor")
+        if self.samples % self.mini_batch_size:
+            raise ValueError(f"--mini-batch: {self.mini_batch_size} does not divide prompts x samples = "
+                             f"{self.samples}; pick a divisor")
+        if self.mini_batch_size % self.samples_per_prompt:
+            raise ValueError(f"--mini-batch: {self.mini_batch_size} is not a multiple of --samples-per-prompt "
+                             f"{self.samples_per_prompt} (TRL needs whole groups per optimizer step)")
+
+
+def grpo_config_kwargs(work: SharedWork, output_dir: str, on_gpu: bool = True) -> dict:
+    """GRPOConfig(**kwargs) for `work` (see the module docstring for the mapping)."""
+    work.check()
+    optimizer_steps = (work.warmup_steps + work.steps) * work.optimizer_steps_per_rl_step
+    return dict(
+        output_dir=output_dir, per_device_train_batch_size=work.micro_batch_size,
+        gradient_accumulation_steps=work.mini_batch_size // work.micro_batch_size,
+        steps_per_generation=work.samples // work.micro_batch_size, num_generations=work.samples_per_prompt,
+        num_iterations=work.ppo_epochs, max_completion_length=work.response_length,
+        generation_kwargs={"min_new_tokens": work.response_length}, temperature=work.temperature, top_p=1.0,
+        top_k=0, beta=work.kl_coef, epsilon=work.cliprange, learning_rate=work.lr, lr_scheduler_type="constant",
+        warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0, max_steps=optimizer_steps,
+        bf16=on_gpu, use_cpu=not on_gpu, use_vllm=False, gradient_checkpointing=False, shuffle_dataset=False,
+        remove_unused_columns=False, logging_steps=1, report_to="none", save_strategy="no", seed=work.seed,
+        dataloader_num_workers=0, log_completions=False,
+    )
+
+
+def prompt_rows(work: SharedWork) -> list[dict[str, str]]:
+    """The prompts hybridflow's built-in task gives, enough for every RL step."""
+    from hybridflow.data.tasks import builtin_task, task_rows
+
+    return task_rows(builtin_task(work.task), work.prompts * (work.warmup_steps + work.steps), work.seed)
+
+
+def run_trl(work: SharedWork, output_dir: str) -> dict:
+    """Train with TRL's GRPOTrainer and time each RL step (generation batch + its optimizer steps).
+
+    Meant for a GPU (bf16); without CUDA it runs in fp32 on CPU, which only checks that it works.
+    """
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from hybridflow.rewards.answer_match import char_match
+
+    tokenizer = AutoTokenizer.from_pretrained(work.model_dir)
+    on_gpu = torch.cuda.is_available()
+    model = AutoModelForCausalLM.from_pretrained(work.model_dir, dtype=torch.bfloat16 if on_gpu else torch.float32)
+    tokens_per_rl_step: list[int] = []
+
+    def answer_reward(prompts, completions, completion_ids, answer, **_):
+        prompt_tokens = sum(len(tokenizer(p)["input_ids"]) for p in prompts)
+        tokens_per_rl_step.append(prompt_tokens + sum(len(c) for c in completion_ids))
+        return [char_match(c, a) for c, a in zip(completions, answer, strict=True)]
+
+    class CycleTimer(TrainerCallback):
+        def __init__(self):
+            self.marks: list[float] = []
+
+        def mark(self):
+            if on_gpu:
+                torch.cuda.synchronize()
+            self.marks.append(time.perf_counter())
+
+        def on_train_begin(self, args, state, control, **kw):
+            self.mark()
+
+        def on_step_end(self, args, state, control, **kw):
+            if state.global_step % work.optimizer_steps_per_rl_step == 0:
+                self.mark()
+
+    timer = CycleTimer()
+    trainer = GRPOTrainer(model=model, reward_funcs=answer_reward,
+                          args=GRPOConfig(**grpo_config_kwargs(work, output_dir, on_gpu)),
+                          train_dataset=Dataset.from_list(prompt_rows(work)), processing_class=tokenizer,
+                          callbacks=[timer])
+    if on_gpu:
+        torch.cuda.reset_peak_memory_stats()
+    trainer.train()
+    step_s = [b - a for a, b in zip(timer.marks, timer.marks[1:], strict=False)][work.warmup_steps:]
+    tokens = tokens_per_rl_step[work.warmup_steps:len(step_s) + work.warmup_steps]
+    import trl
+
+    return {"framework": f"trl {trl.__version__} GRPOTrainer (transformers generate)", "timed_steps": len(step_s),
+            "step_time_s": sum(step_s) / len(step_s), "tokens_per_step": sum(tokens) / len(tokens),
+            "throughput_tokens_per_s": sum(tokens) / sum(step_s),
+            "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if on_gpu else None,
+            "step_times_s": step_s}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--spec", type=Path, required=True, help="SharedWork as JSON (trl_compare writes it)")
+    parser.add_argument("--out", type=Path, required=True, help="result JSON")
+    args = parser.parse_args(argv)
+    work = SharedWork(**json.loads(args.spec.read_text()))
+    result = run_trl(work, str(args.out.parent / "trl_output"))
+    args.out.write_text(json.dumps({"work": asdict(work), **result}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
