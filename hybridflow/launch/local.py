@@ -1,0 +1,127 @@
+"""Start one machine's ranks through torch's elastic agent (the machinery behind torchrun).
+
+`launch_local` is what `python -m hybridflow.run` calls outside any launcher: one worker per planned rank,
+CUDA_VISIBLE_DEVICES from the plan, MASTER_ADDR/MASTER_PORT from `distributed`, logs per rank, and no
+restarts: when a rank dies the agent stops the others and we raise `LaunchError` naming the failed rank
+and its log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import sys
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+from hybridflow.errors import UserError
+from hybridflow.launch.failure_report import describe_failure
+from hybridflow.launch.ports import free_port, port_is_free
+
+if TYPE_CHECKING:
+    from hybridflow.config import DistributedConfig
+    from hybridflow.placement import Plan
+
+class LaunchError(RuntimeError):
+    """A worker failed; the message names the rank, how it ended, its log file and the log's last lines."""
+
+
+class RankLogsSpecs(DefaultLogsSpecs):
+    """torch's default per-rank log files, remembering which global rank wrote which file."""
+
+    def __init__(self, log_dir: str) -> None:
+        super().__init__(log_dir=log_dir, redirects=Std.ALL, tee=Std.ALL)
+        self.stderr_of_rank: dict[int, str] = {}
+        self.stdout_of_rank: dict[int, str] = {}
+
+    def reify(self, envs):  # type: ignore[no-untyped-def]  (signature fixed by LogsSpecs)
+        dest = super().reify(envs)
+        for local_rank, env in envs.items():
+            rank = int(env["RANK"])
+            self.stderr_of_rank[rank] = dest.stderrs.get(local_rank, "")
+            self.stdout_of_rank[rank] = dest.stdouts.get(local_rank, "")
+        return dest
+
+
+def visible_devices(local_indices: Sequence[int], inherited: str | None) -> str:
+    """CUDA_VISIBLE_DEVICES for the plan's GPUs on this node.
+
+    Plan indices count the GPUs this process may use: when the user already narrowed them (e.g.
+    CUDA_VISIBLE_DEVICES=4,5,6,7), plan GPU 0 is physical GPU 4.
+    """
+    if inherited:
+        allowed = [d.strip() for d in inherited.split(",") if d.strip()]
+        if max(local_indices) >= len(allowed):
+            raise UserError(f"cluster.gpus_per_node: the plan uses GPU index {max(local_indices)} but "
+                            f"CUDA_VISIBLE_DEVICES={inherited} allows {len(allowed)}; widen "
+                            "CUDA_VISIBLE_DEVICES or lower cluster.gpus_per_node")
+        return ",".join(allowed[i] for i in local_indices)
+    return ",".join(str(i) for i in local_indices)
+
+
+@contextlib.contextmanager
+def _environ(updates: dict[str, str]) -> Iterator[None]:
+    """Set variables for the agent (workers inherit its environment) and restore them afterwards."""
+    saved = {k: os.environ.get(k) for k in updates}
+    os.environ.update(updates)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _entrypoint(entrypoint: Callable[..., Any] | str, args: Sequence[Any]) -> tuple[Any, list[Any]]:
+    """A callable runs as is; 'pkg.module' runs as `python -m pkg.module`; 'x.py' runs as a script."""
+    if callable(entrypoint):
+        return entrypoint, list(args)
+    if entrypoint.endswith(".py"):
+        return sys.executable, ["-u", entrypoint, *map(str, args)]
+    return sys.executable, ["-u", "-m", entrypoint, *map(str, args)]
+
+
+def launch_local(plan: Plan, entrypoint: Callable[..., Any] | str, args: Sequence[Any],
+                 dist_cfg: DistributedConfig, log_dir: str | os.PathLike[str],
+                 run_id: str | None = None, stop_grace_s: int = 10) -> dict[int, Any]:
+    """Run `entrypoint(*args)` in one process per rank of a one-node plan; return {rank: return value}.
+
+    Workers call `hybridflow.launch.init_distributed(dist_cfg)` to join the group. Callables are forked on
+    machines without CUDA (fast: torch is already imported) and spawned otherwise (CUDA cannot be forked).
+    `stop_grace_s` is how long surviving ranks get between SIGTERM and SIGKILL once one rank has failed.
+    """
+    if plan.nodes != 1:
+        raise UserError(f"cluster.nodes: the plan spans {plan.nodes} nodes and a local launch starts one; "
+                        "submit it with `python -m hybridflow.sbatch` or run torchrun on every node")
+    local = [gpu.local_index for gpu in plan.gpus if gpu.node == 0]
+    if not port_is_free(dist_cfg.master_port):
+        raise UserError(f"distributed.master_port: port {dist_cfg.master_port} is in use on this machine; "
+                        f"set distributed.master_port={free_port()} (free now)")
+    logs = RankLogsSpecs(str(log_dir))
+    options = dict(
+        min_nodes=1, max_nodes=1, nproc_per_node=len(local),
+        run_id=run_id or f"hybridflow-{uuid.uuid4().hex[:8]}",
+        rdzv_backend="static", rdzv_endpoint=f"{dist_cfg.master_addr}:{dist_cfg.master_port}",
+        rdzv_configs={"rank": 0, "timeout": dist_cfg.timeout_s},
+        max_restarts=0, monitor_interval=0.5, logs_specs=logs,
+        start_method="spawn" if torch.cuda.is_available() else "fork",
+    )
+    if "shutdown_timeout" in {f.name for f in dataclasses.fields(LaunchConfig)}:  # newer torch only
+        options["shutdown_timeout"] = stop_grace_s
+    config = LaunchConfig(**options)
+    target, target_args = _entrypoint(entrypoint, args)
+    env = {"CUDA_VISIBLE_DEVICES": visible_devices(local, os.environ.get("CUDA_VISIBLE_DEVICES"))}
+    with _environ(env):
+        try:
+            return elastic_launch(config, target)(*target_args)
+        except ChildFailedError as err:
+            raise LaunchError(describe_failure(err, logs.stderr_of_rank)) from None

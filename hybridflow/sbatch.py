@@ -1,0 +1,105 @@
+"""`python -m hybridflow.sbatch +experiment=NAME [key=value ...] [slurm.key=value ...] [-o FILE]`: render a
+ready-to-submit sbatch script from the experiment's plan.
+
+Nodes and GPUs per node come from the plan (override `cluster.nodes=2 cluster.gpus_per_node=8`); job settings
+are `slurm.*` overrides (see hybridflow/launch/slurm_config.py): slurm.time, slurm.partition, slurm.account,
+slurm.launcher=torchrun|srun, slurm.command, slurm.setup=[...], ... The job runs
+`python -m hybridflow.run <the same overrides>` unless slurm.command says otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from hybridflow.config import ExperimentConfig, load_experiment, split_argv
+from hybridflow.errors import UserError, cli_errors
+from hybridflow.launch.sbatch_script import builtin_templates, layout_from_plan, render_sbatch
+from hybridflow.launch.slurm_config import SlurmConfig
+from hybridflow.placement import plan_placement
+
+SLURM_PREFIX = "slurm."
+
+
+def parse_slurm_overrides(overrides: Sequence[str]) -> tuple[SlurmConfig, list[str]]:
+    """Split `slurm.key=value` overrides off the experiment's and type-check them against SlurmConfig."""
+    slurm_items = [o[len(SLURM_PREFIX):] for o in overrides if o.startswith(SLURM_PREFIX)]
+    rest = [o for o in overrides if not o.startswith(SLURM_PREFIX)]
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(SlurmConfig), OmegaConf.from_dotlist(slurm_items))
+        slurm = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as err:
+        key = getattr(err, "full_key", "") or "?"
+        raise UserError(f"slurm.{key}: {str(err).splitlines()[0]}; see the fields of "
+                        "hybridflow/launch/slurm_config.py:SlurmConfig") from None
+    assert isinstance(slurm, SlurmConfig)
+    return slurm, rest
+
+
+def _has_slurm_field() -> bool:
+    """True once `slurm: SlurmConfig` is part of ExperimentConfig (then Hydra checks slurm.* itself)."""
+    return any(f.name == "slurm" for f in dataclasses.fields(ExperimentConfig))
+
+
+def render_for_experiment(argv_overrides: Sequence[str]) -> str:
+    """The script text for `+experiment=NAME overrides...` (slurm.* included)."""
+    if _has_slurm_field():
+        cfg = load_experiment(*split_argv(argv_overrides))
+        slurm = cfg.slurm
+        run_overrides = [o for o in argv_overrides if not o.startswith(SLURM_PREFIX)]
+    else:
+        slurm, run_overrides = parse_slurm_overrides(argv_overrides)
+        cfg = load_experiment(*split_argv(run_overrides))
+    plan = plan_placement(cfg)
+    layout = layout_from_plan(plan, request_gpus=cfg.cluster.gpu_type != "cpu")
+    command = slurm.command or " ".join(["-m hybridflow.run", *map(shlex.quote, run_overrides)])
+    header = [f"Rendered by: python -m hybridflow.sbatch {' '.join(map(shlex.quote, argv_overrides))}",
+              f"Experiment: {cfg.name}; plan: {plan.world_size} ranks on {plan.nodes} node(s)."]
+    if slurm.workdir is None:
+        slurm = dataclasses.replace(slurm, workdir=os.getcwd())
+    return render_sbatch(layout, slurm, job_name=slurm.job_name or cfg.name, command=command,
+                         master_port=slurm.master_port or cfg.distributed.master_port,
+                         python=slurm.python or sys.executable, header=header)
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m hybridflow.sbatch", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("overrides", nargs="*",
+                        help="+experiment=NAME, key=value and slurm.key=value overrides")
+    parser.add_argument("-o", "--out", help="write the script here (default: print it)")
+    parser.add_argument("--write-templates", metavar="DIR",
+                        help="write the generic templates (scripts/slurm/) into DIR and exit")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.write_templates:
+        for name, text in builtin_templates().items():
+            path = Path(args.write_templates) / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            print(f"wrote {path}")
+        return 0
+    with cli_errors():
+        text = render_for_experiment(args.overrides)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text)
+        print(f"wrote {args.out}; submit with: sbatch {args.out}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
