@@ -1,0 +1,152 @@
+"""Offline checkpoint conversion between HF safetensors and megatron-core dist checkpoints.
+
+    python -m hybridflow.convert hf-to-mcore --hf DIR --out DIR --tp T --pp P [--dtype auto|fp32|bf16]
+    python -m hybridflow.convert mcore-to-hf --ckpt DIR --out DIR [--tp T --pp P] [--dtype auto|fp32|bf16]
+
+Runs on CPU: it starts ``tp * pp`` local ranks itself (forked, gloo) and each rank converts only its
+shard (HF slices are read per rank; the dist checkpoint is TP x PP independent, so ``mcore-to-hf`` may use
+any layout that fits, default 1 x 1). Bad input: one line on stderr, exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+from collections.abc import Sequence
+from datetime import timedelta
+from pathlib import Path
+
+from hybridflow.errors import cli_errors
+
+DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m hybridflow.convert", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="direction", required=True)
+    to_mcore = sub.add_parser("hf-to-mcore", help="HF model directory -> megatron-core dist checkpoint")
+    to_mcore.add_argument("--hf", required=True, help="local HF model directory (config.json + safetensors)")
+    to_hf = sub.add_parser("mcore-to-hf", help="megatron-core dist checkpoint -> HF model directory")
+    to_hf.add_argument("--ckpt", required=True, help="dist checkpoint written by hf-to-mcore or training")
+    for p in (to_mcore, to_hf):
+        p.add_argument("--out", required=True, help="output directory (must be new or empty)")
+        p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks to convert with")
+        p.add_argument("--pp", type=int, default=1, help="pipeline-parallel ranks to convert with")
+        p.add_argument(
+            "--dtype",
+            choices=["auto", *DTYPES],
+            default="auto",
+            help="weight dtype (auto: the source's config.json dtype, else fp32)",
+        )
+    return parser.parse_args(argv)
+
+
+def _dtype(name: str, hf_config):
+    import torch
+
+    if name == "auto":
+        source = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None) or "float32"
+        return (
+            source if isinstance(source, torch.dtype) else getattr(torch, str(source).removeprefix("torch."))
+        )
+    return getattr(torch, DTYPES[name])
+
+
+def _validate(args: argparse.Namespace):
+    """Check everything that can be checked before starting ranks; returns the HF config."""
+    from megatron_adapters.checkpoint import checkpoint_hf_config
+    from megatron_adapters.model import load_hf_config, transformer_config_from_hf
+
+    for field in ("tp", "pp"):
+        if getattr(args, field) < 1:
+            raise ValueError(f"--{field}: must be >= 1, got {getattr(args, field)}")
+    out = Path(args.out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ValueError(f"--out: {out} exists and is not an empty directory; choose a new directory")
+    if args.direction == "hf-to-mcore":
+        source = Path(args.hf)
+        if not (source / "config.json").is_file():
+            raise ValueError(f"--hf: {source} has no config.json; point it at a local HF model directory")
+        hf_config = load_hf_config(source)
+    else:
+        if not (Path(args.ckpt) / "metadata.json").is_file():
+            raise ValueError(f"--ckpt: {args.ckpt} is not a megatron dist checkpoint (no metadata.json)")
+        hf_config = checkpoint_hf_config(args.ckpt)
+    # Architecture and divisibility checks; use_cpu_initialization given so the parent never touches CUDA.
+    transformer_config_from_hf(hf_config, tp=args.tp, pp=args.pp, use_cpu_initialization=True)
+    return hf_config
+
+
+def _convert_rank(rank: int, args: argparse.Namespace, hf_config, port: int, errors) -> None:
+    import torch.distributed as dist
+
+    # Conversion is a CPU job: hide GPUs before anything in this rank touches CUDA.
+    os.environ.update(CUDA_VISIBLE_DEVICES="", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    world = args.tp * args.pp
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(minutes=30))
+    try:
+        from megatron_adapters.checkpoint import load_checkpoint, save_checkpoint
+        from megatron_adapters.cpu_backend import enable_cpu_backend
+        from megatron_adapters.hf_safetensors import load_hf_weights, save_hf_weights
+        from megatron_adapters.model import build_gpt
+        from megatron_adapters.process_groups import build_role_groups
+
+        enable_cpu_backend()
+        dtype = _dtype(args.dtype, hf_config)
+        hf_config.dtype = dtype
+        model = build_gpt(hf_config, build_role_groups(list(range(world)), args.tp, args.pp, 1), dtype=dtype)
+        if args.direction == "hf-to-mcore":
+            load_hf_weights(model, args.hf)
+            save_checkpoint(args.out, model, hf_config)
+        else:
+            load_checkpoint(args.ckpt, model)
+            save_hf_weights(model, args.out, hf_config, dtype=dtype)
+        dist.barrier()
+    except ValueError as err:
+        errors.put(str(err))
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def convert(args: argparse.Namespace) -> None:
+    """Validate, then run the conversion in ``tp * pp`` forked CPU ranks (ValueError on bad input)."""
+    hf_config = _validate(args)
+    import torch.multiprocessing as mp
+
+    # Fork: the parent has imported torch + megatron but run no torch op, so children start in ~0 s.
+    ctx = mp.get_context("fork")
+    errors = ctx.SimpleQueue()
+    try:
+        mp.start_processes(
+            _convert_rank,
+            args=(args, hf_config, _free_port(), errors),
+            nprocs=args.tp * args.pp,
+            start_method="fork",
+        )
+    except mp.ProcessRaisedException:
+        if not errors.empty():
+            raise ValueError(errors.get()) from None
+        raise
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    with cli_errors():
+        convert(args)
+    source = args.hf if args.direction == "hf-to-mcore" else args.ckpt
+    print(f"converted {source} -> {args.out} ({args.direction}, tp={args.tp}, pp={args.pp})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

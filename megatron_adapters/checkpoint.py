@@ -1,0 +1,98 @@
+"""megatron-core ``dist_checkpointing`` save/load of a model (and optionally its optimizer).
+
+The checkpoint is TP x PP independent (every tensor is stored by its global shape and offsets), so one
+saved at TP2 x PP2 loads at TP1, TP4, ... A checkpoint directory also holds the HF ``config.json`` it was
+built from (``hf_config/``), so ``mcore-to-hf`` conversion and later loads need nothing else.
+
+Collective: call on every rank of the role. Scripts that save need an ``if __name__ == "__main__"`` guard
+(dist_checkpointing starts a multiprocessing Manager).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from megatron.core import dist_checkpointing
+from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+from megatron_adapters.model import load_hf_config
+
+HF_CONFIG_DIR = "hf_config"
+# Distributed-optimizer state stored so that it reloads at another DP size.
+OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
+
+
+def unwrap(model):
+    """The GPTModel under DDP / Float16Module wrappers."""
+    while not hasattr(model, "pg_collection") and hasattr(model, "module"):
+        model = model.module
+    return model
+
+
+def sharded_state(model, optimizer=None, is_loading: bool = False) -> dict:
+    """{'model': ..., 'optimizer': ...} sharded state dicts of one role, for dist_checkpointing."""
+    gpt = unwrap(model)
+    metadata = {"dp_cp_group": gpt.pg_collection.dp_cp}
+    state = {"model": gpt.sharded_state_dict(metadata=metadata)}
+    if optimizer is not None:
+        state["optimizer"] = optimizer.sharded_state_dict(
+            state["model"], is_loading=is_loading, metadata={**metadata, **OPTIMIZER_METADATA}
+        )
+    return state
+
+
+def save_checkpoint(
+    ckpt_dir: str | os.PathLike, model, hf_config, optimizer=None, extra: dict | None = None
+) -> None:
+    """Save ``model`` (+ ``optimizer``) as a dist checkpoint; ``extra`` (picklable, e.g. step) is kept."""
+    path = Path(ckpt_dir)
+    if dist.get_rank() == 0:
+        path.mkdir(parents=True, exist_ok=True)
+        load_hf_config(hf_config).save_pretrained(path / HF_CONFIG_DIR)
+    dist.barrier()
+    _prime_write_results_queue()
+    state = sharded_state(model, optimizer)
+    if extra:
+        state["extra"] = extra
+    dist_checkpointing.save(state, str(path))
+
+
+def _prime_write_results_queue() -> None:
+    """Start dist_checkpointing's per-process results Manager by fork instead of spawn when CUDA is unused.
+
+    ``filesystem_async.get_write_results_queue`` defaults to a *spawned* Manager, which re-imports the
+    entry point (torch + megatron: ~13 s per rank on a 2-core CPU box). A forked Manager only serves a
+    queue and never touches CUDA, so where CUDA is not initialised forking it is safe and instant.
+    """
+    if filesystem_async._results_queue is None and not torch.cuda.is_initialized():
+        filesystem_async.get_write_results_queue(mp_mode="fork")
+
+
+def checkpoint_hf_config(ckpt_dir: str | os.PathLike):
+    """The HF config a checkpoint was saved with (ValueError if the directory is not one of ours)."""
+    config_dir = Path(ckpt_dir) / HF_CONFIG_DIR
+    if not (config_dir / "config.json").exists():
+        raise ValueError(
+            f"ckpt: {ckpt_dir} has no {HF_CONFIG_DIR}/config.json; point it at a hybridflow checkpoint"
+        )
+    return load_hf_config(config_dir)
+
+
+def load_checkpoint(ckpt_dir: str | os.PathLike, model, optimizer=None) -> dict:
+    """Load a dist checkpoint into ``model`` (+ ``optimizer``) at the model's TP x PP; returns ``extra``."""
+    if not Path(ckpt_dir, "metadata.json").exists():
+        raise ValueError(f"ckpt: {ckpt_dir} is not a megatron dist checkpoint (no metadata.json)")
+    state = sharded_state(model, optimizer, is_loading=True)
+    with torch.no_grad():  # distributed-optimizer state copies into leaf tensors
+        loaded = dist_checkpointing.load(state, str(ckpt_dir))
+    # strict=False only for megatron's empty `_extra_state` entries; real parameters must all be there.
+    result = unwrap(model).load_state_dict(loaded["model"], strict=False)
+    missing = [k for k in result.missing_keys if not k.endswith("_extra_state")]
+    if missing:
+        raise ValueError(f"ckpt: {ckpt_dir} lacks parameters {missing}; was it saved from this model?")
+    if optimizer is not None:
+        optimizer.load_state_dict(loaded["optimizer"])
+    return loaded.get("extra", {}) or {}

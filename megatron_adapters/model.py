@@ -1,0 +1,322 @@
+"""Hugging Face decoder configs -> megatron-core ``TransformerConfig`` + layer spec + ``GPTModel``.
+
+Supported: Llama 2/3/3.1 (incl. llama3 rope scaling), Qwen2/2.5 (qkv bias, tied embeddings), Mistral
+(incl. sliding-window attention). Heads: ``"lm"`` (actor, reference: the LM head over the padded,
+TP-split vocabulary), ``"value"`` (critic) and ``"reward"`` (reward model): one scalar per token from a
+TP-replicated ``[1, hidden]`` weight, HF's ``*ForSequenceClassification.score`` layout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from megatron.core import parallel_state
+from megatron.core.models.gpt.gpt_model import GPTModel
+from megatron.core.tensor_parallel.mappings import gather_from_sequence_parallel_region
+from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.transformer_config import TransformerConfig
+from transformers import AutoConfig, PretrainedConfig
+
+from megatron_adapters.specs import layer_spec, resolve_spec_name
+
+# HF `architectures[0]` -> family. The *ForSequenceClassification forms are reward models.
+SUPPORTED_ARCHITECTURES: dict[str, str] = {
+    "LlamaForCausalLM": "llama",
+    "LlamaForSequenceClassification": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen2ForSequenceClassification": "qwen2",
+    "MistralForCausalLM": "mistral",
+    "MistralForSequenceClassification": "mistral",
+}
+_FAMILY_BY_MODEL_TYPE = {"llama": "llama", "qwen2": "qwen2", "mistral": "mistral"}
+HEADS = ("lm", "value", "reward")
+PADDED_LOGIT = -1.0e30  # finite, so softmax/entropy over a fully padded TP shard stays NaN-free
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the weight table and the heads need to know about an HF model, independent of parallelism."""
+
+    family: str
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    ffn_hidden_size: int
+    vocab_size: int
+    tie_word_embeddings: bool
+    qkv_bias: bool
+
+
+def load_hf_config(hf_config: PretrainedConfig | dict | str | os.PathLike) -> PretrainedConfig:
+    """Accept a ``PretrainedConfig``, a config.json dict, or a local model directory."""
+    if isinstance(hf_config, PretrainedConfig):
+        return hf_config
+    if isinstance(hf_config, dict):
+        data = dict(hf_config)
+        return AutoConfig.for_model(data.pop("model_type"), **data)
+    return AutoConfig.from_pretrained(os.fspath(hf_config), local_files_only=True)
+
+
+def model_family(hf: PretrainedConfig) -> str:
+    """'llama' | 'qwen2' | 'mistral'; ValueError naming the supported architectures otherwise."""
+    archs = getattr(hf, "architectures", None) or []
+    if archs:
+        family = SUPPORTED_ARCHITECTURES.get(archs[0])
+    else:
+        family = _FAMILY_BY_MODEL_TYPE.get(getattr(hf, "model_type", None))
+    if family is None:
+        got = archs[0] if archs else getattr(hf, "model_type", None)
+        raise ValueError(
+            f"architectures: {got!r} is not supported; use one of {', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
+    return family
+
+
+def model_shape(hf_config) -> ModelShape:
+    """The parallelism-independent shape of an HF model (validates the architecture)."""
+    hf = load_hf_config(hf_config)
+    family = model_family(hf)
+    if getattr(hf, "hidden_act", "silu") != "silu":
+        raise ValueError(f"hidden_act: {hf.hidden_act!r} is not supported; only 'silu' (SwiGLU) models are")
+    if getattr(hf, "mlp_bias", False):
+        raise ValueError("mlp_bias: MLP biases are not supported; use a model with mlp_bias=false")
+    if family == "llama" and getattr(hf, "attention_bias", False):
+        raise ValueError("attention_bias: Llama with o_proj bias is not supported; use attention_bias=false")
+    head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+    return ModelShape(
+        family=family,
+        hidden_size=hf.hidden_size,
+        num_layers=hf.num_hidden_layers,
+        num_heads=hf.num_attention_heads,
+        num_kv_heads=getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads,
+        head_dim=head_dim,
+        ffn_hidden_size=hf.intermediate_size,
+        vocab_size=hf.vocab_size,
+        tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
+        qkv_bias=family == "qwen2",
+    )
+
+
+def padded_vocab_size(vocab_size: int, tp: int, make_vocab_size_divisible_by: int = 128) -> int:
+    """megatron's rule: round up to a multiple of ``make_vocab_size_divisible_by * tp``."""
+    multiple = make_vocab_size_divisible_by * tp
+    return -(-vocab_size // multiple) * multiple
+
+
+@dataclass(frozen=True)
+class RopeSettings:
+    """Rotary embedding arguments for ``GPTModel``."""
+
+    base: float
+    llama3_scaling: bool = False
+    factor: float = 8.0
+
+
+def rope_settings(hf: PretrainedConfig) -> RopeSettings:
+    """Read rope theta and scaling from either transformers-5 ``rope_parameters`` or older fields."""
+    params = dict(getattr(hf, "rope_parameters", None) or getattr(hf, "rope_scaling", None) or {})
+    base = float(params.get("rope_theta", getattr(hf, "rope_theta", 10000.0)))
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type == "default":
+        return RopeSettings(base=base)
+    # megatron-core's llama3 scaling hard-codes low/high frequency factors 1/4 and an 8192 context.
+    megatron_fixed = {
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
+    if rope_type == "llama3" and all(float(params.get(k, v)) == v for k, v in megatron_fixed.items()):
+        return RopeSettings(base=base, llama3_scaling=True, factor=float(params.get("factor", 8.0)))
+    raise ValueError(
+        f"rope_parameters: rope_type {rope_type!r} with {params} is not supported; megatron-core supports "
+        "'default' and 'llama3' with low_freq_factor=1, high_freq_factor=4, "
+        "original_max_position_embeddings=8192"
+    )
+
+
+def transformer_config_from_hf(
+    hf_config, tp: int = 1, pp: int = 1, dtype: torch.dtype = torch.float32, **overrides
+) -> TransformerConfig:
+    """Map an HF config to a megatron-core ``TransformerConfig`` (fused kernels off unless overridden)."""
+    hf = load_hf_config(hf_config)
+    shape = model_shape(hf)
+    if shape.num_heads % tp or shape.num_kv_heads % tp:
+        raise ValueError(
+            f"tp: {tp} must divide num_attention_heads={shape.num_heads} and "
+            f"num_key_value_heads={shape.num_kv_heads}; choose a tp that divides both"
+        )
+    if shape.num_layers % pp:
+        raise ValueError(f"pp: {pp} must divide num_hidden_layers={shape.num_layers}; choose a divisor")
+    window = getattr(hf, "sliding_window", None)
+    uses_window = window is not None and (
+        shape.family == "mistral" or getattr(hf, "use_sliding_window", False)
+    )
+    settings = dict(
+        num_layers=shape.num_layers,
+        hidden_size=shape.hidden_size,
+        ffn_hidden_size=shape.ffn_hidden_size,
+        num_attention_heads=shape.num_heads,
+        num_query_groups=shape.num_kv_heads,
+        kv_channels=shape.head_dim,
+        normalization="RMSNorm",
+        layernorm_epsilon=hf.rms_norm_eps,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=shape.qkv_bias,
+        hidden_dropout=0.0,
+        attention_dropout=float(getattr(hf, "attention_dropout", 0.0)),
+        init_method_std=float(getattr(hf, "initializer_range", 0.02)),
+        window_size=(window - 1, 0) if uses_window else None,
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        bf16=dtype == torch.bfloat16,
+        attention_softmax_in_fp32=True,
+    )
+    settings.update(overrides)
+    if "use_cpu_initialization" not in settings:  # only now: callers that pass it never touch CUDA
+        settings["use_cpu_initialization"] = not torch.cuda.is_available()
+    return TransformerConfig(**settings)
+
+
+class ScalarHead(MegatronModule):
+    """One scalar per token (critic value / reward score) from a TP-replicated ``[1, hidden]`` weight.
+
+    Called like ``GPTModel.output_layer``; every TP rank holds the full weight and sees the same hidden
+    states, so its gradients agree across TP (with sequence parallelism the weight is marked like
+    layernorm weights so megatron all-reduces its gradient).
+    """
+
+    def __init__(self, config: TransformerConfig, tp_group) -> None:
+        super().__init__(config=config)
+        self.tp_group = tp_group
+        self.sequence_parallel = config.sequence_parallel
+        device = None if config.use_cpu_initialization else torch.cuda.current_device()
+        weight = torch.empty(1, config.hidden_size, dtype=config.params_dtype, device=device)
+        self.weight = torch.nn.Parameter(
+            config.init_method(weight) if config.perform_initialization else weight
+        )
+        self.weight.sequence_parallel = config.sequence_parallel
+
+    def forward(self, hidden_states, weight=None, runtime_gather_output=None):
+        """``[s, b, h]`` -> (``[s, b, 1]``, None), matching ColumnParallelLinear's return."""
+        if self.sequence_parallel:
+            hidden_states = gather_from_sequence_parallel_region(hidden_states, group=self.tp_group)
+        return F.linear(hidden_states, self.weight), None
+
+
+class HFGPTModel(GPTModel):
+    """``GPTModel`` whose sharded state dict uses only the role's own process groups.
+
+    megatron-core 0.19.2 ``LanguageModule.tie_embeddings_and_output_weights_state_dict`` (tied embeddings,
+    last PP stage) reads the DP rank from the global ``parallel_state``, which explicit per-role groups
+    never initialise; here it is answered from ``metadata["dp_cp_group"]`` for the duration of the call.
+    """
+
+    def tie_embeddings_and_output_weights_state_dict(
+        self, sharded_state_dict, output_layer_weight_key, first_stage_word_emb_key, metadata=None
+    ):
+        metadata = metadata if metadata is not None else {"dp_cp_group": self.pg_collection.dp_cp}
+        dp_cp = metadata["dp_cp_group"]
+        with _patched(parallel_state, "get_data_parallel_rank", lambda *a, **k: dp_cp.rank()):
+            return super().tie_embeddings_and_output_weights_state_dict(
+                sharded_state_dict, output_layer_weight_key, first_stage_word_emb_key, metadata
+            )
+
+
+@contextlib.contextmanager
+def _patched(owner, name: str, value):
+    original = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
+
+
+def _mask_padded_vocab(model: GPTModel, vocab_size: int) -> None:
+    """Make padded vocabulary columns of this rank's logit shard ~-inf, so softmax matches HF."""
+    shard = model.output_layer.output_size_per_partition
+    start = model.pg_collection.tp.rank() * shard
+    first_pad = max(0, vocab_size - start)
+    if first_pad >= shard:
+        return
+
+    def hook(_module, _inputs, output):
+        logits, bias = output
+        # In place: the matmul's backward does not need its output, and a copy of the logits is large.
+        logits[..., first_pad:] = PADDED_LOGIT
+        return logits, bias
+
+    model.output_layer.register_forward_hook(hook)
+
+
+def build_gpt(
+    hf_config,
+    pg_collection,
+    head: str = "lm",
+    dtype: torch.dtype = torch.float32,
+    spec: str = "auto",
+    make_vocab_size_divisible_by: int = 128,
+    **config_overrides,
+) -> GPTModel:
+    """Build this rank's stage of an HF decoder as a megatron-core ``GPTModel``.
+
+    Args:
+        hf_config: ``PretrainedConfig``, config.json dict, or local HF model directory.
+        pg_collection: the role's ``ProcessGroupCollection`` (tp, pp, cp, embd, ... for this rank).
+        head: "lm" (logits over this TP rank's padded vocab shard, padded columns ~-inf),
+            "value" or "reward" (``[b, s, 1]``).
+        dtype: parameter dtype (bf16 on GPU, fp32 on CPU tests).
+        spec: layer spec name, see ``megatron_adapters.specs`` ("auto" | "te" | "sdpa" | "local").
+        make_vocab_size_divisible_by: vocab padding unit (times TP), megatron's semantics.
+        config_overrides: extra ``TransformerConfig`` fields (e.g. recompute settings).
+    Returns:
+        ``GPTModel`` with ``hf_shape`` (``ModelShape``), ``head`` and ``spec_name`` attributes.
+    """
+    if head not in HEADS:
+        raise ValueError(f"head: {head!r} is not a head; use one of {', '.join(HEADS)}")
+    hf = load_hf_config(hf_config)
+    shape = model_shape(hf)
+    tp, pp = pg_collection.tp.size(), pg_collection.pp.size()
+    config = transformer_config_from_hf(hf, tp=tp, pp=pp, dtype=dtype, **config_overrides)
+    rope = rope_settings(hf)
+    pp_rank = pg_collection.pp.rank()
+
+    spec_name = resolve_spec_name(spec)
+    model = HFGPTModel(
+        config=config,
+        transformer_layer_spec=layer_spec(config, spec_name),
+        vocab_size=padded_vocab_size(shape.vocab_size, tp, make_vocab_size_divisible_by),
+        max_sequence_length=hf.max_position_embeddings,
+        pre_process=pp_rank == 0,
+        post_process=pp_rank == pp - 1,
+        parallel_output=True,
+        share_embeddings_and_output_weights=shape.tie_word_embeddings and head == "lm",
+        position_embedding_type="rope",
+        rotary_base=rope.base,
+        rope_scaling=rope.llama3_scaling,
+        rope_scaling_factor=rope.factor,
+        pg_collection=pg_collection,
+    )
+    if model.post_process:
+        if head == "lm":
+            _mask_padded_vocab(model, shape.vocab_size)
+        else:
+            model.output_layer = ScalarHead(config, pg_collection.tp)
+    if not config.use_cpu_initialization:
+        # megatron allocates TP layers on the GPU but plain torch modules (RMSNorm of the local spec) on
+        # the CPU; megatron's own training loop moves the model afterwards, so do the same here.
+        model.cuda(torch.cuda.current_device())
+    model.hf_shape = shape
+    model.head = head
+    model.spec_name = spec_name
+    return model

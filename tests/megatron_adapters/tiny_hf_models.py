@@ -1,0 +1,132 @@
+"""Tiny random HF checkpoints and a pipeline forward for the megatron-adapter parity tests.
+
+The parent test process builds the HF models (and their reference logits) before forking ranks; it
+runs torch single-threaded first because an OpenMP pool created before `fork` hangs the children.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+# GQA Llama 3.1-style (llama3 rope scaling), untied; 8 query heads over 4 KV groups so TP4 works.
+LLAMA = dict(
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=4,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    vocab_size=256,
+    max_position_embeddings=64,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=False,
+    rope_theta=500000.0,
+    rope_scaling={
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    },
+    architectures=["LlamaForCausalLM"],
+)
+# Qwen2: qkv bias, tied embeddings, vocab 250 (divisible neither by TP 4 nor by 128).
+QWEN2 = dict(
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=4,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    vocab_size=250,
+    max_position_embeddings=64,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+    architectures=["Qwen2ForCausalLM"],
+)
+# Mistral with a sliding window shorter than the test sequence, so the window mask matters.
+MISTRAL = dict(
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    head_dim=8,
+    vocab_size=256,
+    max_position_embeddings=64,
+    sliding_window=5,
+    tie_word_embeddings=False,
+    architectures=["MistralForCausalLM"],
+)
+KINDS = {
+    "llama": (LlamaConfig, LlamaForCausalLM, LLAMA),
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM, QWEN2),
+    "mistral": (MistralConfig, MistralForCausalLM, MISTRAL),
+}
+
+
+def randomize_(model: torch.nn.Module, seed: int) -> None:
+    """Weights far from init (norms around 1, everything else N(0, 0.1)) so mapping bugs show in logits."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen)
+            p.copy_(1 + 0.1 * noise if "norm" in name else 0.1 * noise)
+
+
+def save_tiny_model(kind: str, path, seed: int = 0, **overrides):
+    """Save a random tiny HF model of `kind` ("llama" | "qwen2") to `path`; return it (eval, fp32)."""
+    torch.set_num_threads(1)
+    config_cls, model_cls, base = KINDS[kind]
+    config = config_cls(**{**base, **overrides})
+    model = model_cls(config).eval()
+    randomize_(model, seed)
+    model.save_pretrained(path)
+    return model
+
+
+def token_batch(vocab_size: int, batch: int = 2, seq: int = 12, seed: int = 0) -> torch.Tensor:
+    """Random token ids [batch, seq]."""
+    return torch.randint(0, vocab_size, (batch, seq), generator=torch.Generator().manual_seed(seed))
+
+
+@torch.no_grad()
+def hf_logits(model, ids: torch.Tensor) -> torch.Tensor:
+    """Reference logits from HF transformers."""
+    torch.set_num_threads(1)
+    return model(ids).logits.float()
+
+
+def _global(group, index: int) -> int:
+    return dist.get_global_rank(group, index)
+
+
+@torch.no_grad()
+def pipeline_forward(model, ids: torch.Tensor) -> torch.Tensor | None:
+    """Forward through all PP stages by plain send/recv; on the last stage return the output
+    gathered over TP (LM head: the padded vocab), elsewhere None."""
+    pg = model.pg_collection
+    pp_rank = pg.pp.rank()
+    position_ids = torch.arange(ids.shape[1]).expand_as(ids)
+    if not model.pre_process:
+        hidden = torch.empty(
+            ids.shape[1], ids.shape[0], model.config.hidden_size, dtype=model.config.params_dtype
+        )
+        dist.recv(hidden, src=_global(pg.pp, pp_rank - 1))
+        model.set_input_tensor(hidden)
+    out = model(ids, position_ids, None)
+    if not model.post_process:
+        dist.send(out.contiguous(), dst=_global(pg.pp, pp_rank + 1))
+        return None
+    if model.head != "lm" or pg.tp.size() == 1:
+        return out
+    parts = [torch.empty_like(out) for _ in range(pg.tp.size())]
+    dist.all_gather(parts, out.contiguous(), group=pg.tp)
+    return torch.cat(parts, dim=-1)
