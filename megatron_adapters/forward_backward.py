@@ -1,0 +1,142 @@
+"""One role's forward (and backward) over micro-batches, under megatron-core's pipeline schedules.
+
+`run_forward_backward` wraps `megatron.core.pipeline_parallel.get_forward_backward_func` (no pipelining,
+1F1B, or interleaved when several model chunks are given) with the role's own process groups. The caller
+supplies the loss: the PPO/GRPO policy and value losses plug in as `loss_fn`, and forward-only inference
+(reference log-probs, critic values) uses the same entry point with `forward_only=True` and a `loss_fn` that
+returns the per-token outputs as metrics.
+
+Loss scaling: megatron divides each micro-batch loss by the number of micro-batches, and DDP averages
+gradients over the data-parallel group, so the gradient is that of the mean of the micro-batch losses over
+the whole role batch. `loss_fn` should therefore return a per-micro-batch *mean* (e.g. the masked token mean).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from megatron.core.pipeline_parallel import get_forward_backward_func
+from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
+from megatron.core.process_groups_config import ProcessGroupCollection
+from megatron.core.utils import get_model_config
+
+MicroBatch = dict[str, torch.Tensor]
+Metrics = dict[str, torch.Tensor]
+# (model output on the last stage, the micro-batch) -> (scalar loss, detached metrics)
+LossFn = Callable[[torch.Tensor, MicroBatch], tuple[torch.Tensor, Metrics]]
+
+
+def default_model_inputs(batch: MicroBatch) -> dict[str, Any]:
+    """GPTModel keyword arguments from a micro-batch with `input_ids` and optional positions / mask."""
+    input_ids = batch["input_ids"]
+    position_ids = batch.get("position_ids")
+    if position_ids is None:
+        position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+    return {
+        "input_ids": input_ids,
+        "position_ids": position_ids,
+        "attention_mask": batch.get("attention_mask"),
+    }
+
+
+def run_forward_backward(
+    model_chunks: Sequence[torch.nn.Module],
+    pg_collection: ProcessGroupCollection,
+    micro_batches: Sequence[MicroBatch],
+    loss_fn: LossFn,
+    *,
+    forward_only: bool = False,
+    model_inputs: Callable[[MicroBatch], dict[str, Any]] = default_model_inputs,
+    broadcast_metrics: bool = True,
+) -> list[Metrics]:
+    """Run forward (and backward unless `forward_only`) over `micro_batches`; return per-micro-batch metrics.
+
+    Args:
+        model_chunks: this rank's model chunks of the role (one, or several for interleaved PP; DDP-wrapped
+            for training). Gradients accumulate into their grad buffers; the caller steps the optimizer.
+        pg_collection: the role's groups from `process_groups.build_role_groups`.
+        micro_batches: this data-parallel replica's micro-batches, the same on every TP/PP rank of it, all
+            of one shape `[micro_batch_size, seq_length]` in `input_ids`.
+        loss_fn: called on the last pipeline stage with the model output (`[b, s, vocab/tp]` logits for an
+            LM head) and the micro-batch; returns the scalar loss and a dict of detached tensors.
+        forward_only: no backward, run under `torch.no_grad()` (inference for ref/critic/reward).
+        model_inputs: maps a micro-batch to the model's keyword arguments.
+        broadcast_metrics: send the last stage's metrics to every pipeline stage, so all ranks of the role
+            return the same list; otherwise non-last stages return `[]`.
+
+    Interleaved PP on gloo needs `overlap_p2p_comm=True, batch_p2p_comm=False` in the model config (else
+    gradients were silently wrong in our measurements).
+    """
+    if not micro_batches:
+        raise ValueError("micro_batches: empty; give at least one micro-batch")
+    chunks = list(model_chunks)
+    config = get_model_config(chunks[0])
+    micro_batch_size, seq_length = micro_batches[0]["input_ids"].shape[:2]
+
+    def forward_step(data_iterator, model):
+        batch = next(data_iterator)
+        output = model(**model_inputs(batch))
+
+        def loss_on_batch(output_tensor):
+            loss, metrics = loss_fn(output_tensor, batch)
+            # clone: megatron scales the returned loss in place (/= num_microbatches).
+            return loss, {key: value.detach().clone() for key, value in metrics.items()}
+
+        return output, loss_on_batch
+
+    data_iterator = iter(micro_batches) if len(chunks) == 1 else [iter(micro_batches) for _ in chunks]
+    schedule = get_forward_backward_func(
+        pp_size=pg_collection.pp.size(), vp_size=len(chunks) if len(chunks) > 1 else None
+    )
+    with torch.no_grad() if forward_only else torch.enable_grad():
+        metrics = schedule(
+            forward_step_func=forward_step,
+            data_iterator=data_iterator,
+            model=chunks if len(chunks) > 1 else chunks[0],
+            num_microbatches=len(micro_batches),
+            seq_length=seq_length,
+            micro_batch_size=micro_batch_size,
+            forward_only=forward_only,
+            pg_collection=pg_collection,
+            p2p_communicator=P2PCommunicator(pg_collection.pp, config),
+        )
+    if broadcast_metrics and pg_collection.pp.size() > 1:
+        metrics = broadcast_from_last_stage(metrics, pg_collection.pp)
+    return list(metrics)
+
+
+def broadcast_from_last_stage(metrics: list[Metrics], pp_group: dist.ProcessGroup) -> list[Metrics]:
+    """Copy the last pipeline stage's list of metric dicts to every stage of `pp_group`.
+
+    Only the layout (keys, shapes, dtypes) travels as a Python object; the values are broadcast as tensors.
+    """
+    src = dist.get_global_rank(pp_group, pp_group.size() - 1)
+    is_src = pp_group.rank() == pp_group.size() - 1
+    layout = [[(k, tuple(v.shape), v.dtype) for k, v in m.items()] for m in metrics] if is_src else None
+    holder = [layout]
+    dist.broadcast_object_list(holder, src=src, group=pp_group)
+    device = _comm_device()
+    result = []
+    for index, entries in enumerate(holder[0]):
+        received = {}
+        for key, shape, dtype in entries:
+            buffer = (
+                metrics[index][key].to(device).contiguous()
+                if is_src
+                else torch.empty(shape, dtype=dtype, device=device)
+            )
+            dist.broadcast(buffer, src=src, group=pp_group)
+            received[key] = buffer
+        result.append(received)
+    return result
+
+
+def _comm_device() -> torch.device:
+    return (
+        torch.device("cuda", torch.cuda.current_device())
+        if torch.cuda.is_available()
+        else torch.device("cpu")
+    )

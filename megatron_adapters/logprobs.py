@@ -1,0 +1,81 @@
+"""Log-probabilities of given tokens and entropy from vocab-parallel logits, without a full-vocab gather.
+
+A tensor-parallel LM head leaves each TP rank with logits for its slice of the (padded) vocabulary,
+`[..., vocab_padded / tp]`. Token log-probabilities come from megatron-core's vocab-parallel cross entropy
+(`-CE = logprob`); the entropy uses the same max / sum-exp reductions over the TP group. Both are
+differentiable (the PPO policy loss and the entropy bonus back-propagate through them) and equal on every
+rank of the TP group.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
+
+
+def mask_vocab_padding(
+    logits: torch.Tensor, vocab_size: int | None, tp_group: dist.ProcessGroup
+) -> torch.Tensor:
+    """Set the logits of padding ids (>= `vocab_size`, added so the vocab divides by TP) to a large negative.
+
+    The padded rows of the output layer are real parameters, so their logits are not -inf by themselves;
+    masking keeps probabilities equal to those of the unpadded HF model. Returns a new tensor.
+    """
+    local = logits.shape[-1]
+    start = tp_group.rank() * local
+    if vocab_size is None or start + local <= vocab_size:
+        return logits
+    ids = torch.arange(start, start + local, device=logits.device)
+    return logits.masked_fill(ids >= vocab_size, torch.finfo(logits.dtype).min)
+
+
+def token_logprobs(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    tp_group: dist.ProcessGroup,
+    *,
+    temperature: float = 1.0,
+    vocab_size: int | None = None,
+    with_entropy: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Log-probability of `targets` under vocab-parallel `logits` (and optionally the entropy), in fp32.
+
+    Args:
+        logits: `[..., vocab_padded / tp]`, this rank's vocabulary slice (megatron's GPTModel output with
+            `labels=None`, batch-first `[b, s, v/tp]`). For next-token log-probabilities pass
+            `logits[:, :-1]` with `targets = tokens[:, 1:]`.
+        targets: `[...]` global token ids.
+        tp_group: the role's tensor-parallel group (`pg_collection.tp`).
+        temperature: logits are divided by it (use the rollout's sampling temperature for PPO ratios).
+        vocab_size: the unpadded vocabulary size; padding ids are masked out (see `mask_vocab_padding`).
+        with_entropy: also return the entropy of the full distribution, `[...]`.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature: {temperature} must be > 0; use 1.0 for the model's own distribution")
+    # Division makes a new fp32 tensor: megatron's cross entropy works in place on its input.
+    scaled = mask_vocab_padding(logits.float() / temperature, vocab_size, tp_group)
+    ce_input = scaled.clone() if with_entropy else scaled
+    logprobs = -vocab_parallel_cross_entropy(ce_input, targets, tp_group=tp_group)
+    if not with_entropy:
+        return logprobs
+    return logprobs, vocab_parallel_entropy(scaled, tp_group)
+
+
+def vocab_parallel_entropy(logits: torch.Tensor, tp_group: dist.ProcessGroup) -> torch.Tensor:
+    """Entropy `-sum_v p_v log p_v` of softmax(logits) over the vocabulary split across `tp_group`.
+
+    Uses `H = log Z - sum_v p_v z_v` with the max and the sums reduced over the TP group. The sums go
+    through megatron's `reduce_from_tensor_model_parallel_region` (all-reduce forward, identity backward),
+    which is the right gradient because every TP rank computes the same downstream loss.
+    """
+    logits = logits.float()
+    with torch.no_grad():
+        shift = logits.max(dim=-1, keepdim=True).values
+        dist.all_reduce(shift, op=dist.ReduceOp.MAX, group=tp_group)
+    shifted = logits - shift
+    exp = shifted.exp()
+    sum_exp = reduce_from_tensor_model_parallel_region(exp.sum(dim=-1), group=tp_group)
+    weighted = reduce_from_tensor_model_parallel_region((exp * shifted).sum(dim=-1), group=tp_group)
+    return sum_exp.log() - weighted / sum_exp

@@ -1,0 +1,68 @@
+"""Vocab-parallel log-probs and entropy at TP2 equal a full-vocab log_softmax reference (values and grads)."""
+
+import torch
+
+from tests.distributed_harness import run_distributed
+
+VOCAB, PADDED = 11, 12  # 12 = padded to a multiple of TP=2; id 11 is padding
+
+
+def _full_logits() -> torch.Tensor:
+    return torch.randn(3, 5, PADDED, generator=torch.Generator().manual_seed(0)) * 3
+
+
+def _targets() -> torch.Tensor:
+    return torch.randint(0, VOCAB, (3, 5), generator=torch.Generator().manual_seed(1))
+
+
+def _weights() -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(2)
+    return torch.randn(3, 5, generator=generator), torch.randn(3, 5, generator=generator)
+
+
+def _vocab_parallel(temperature: float) -> dict:
+    import torch.distributed as dist
+
+    from megatron_adapters.logprobs import token_logprobs
+    from megatron_adapters.process_groups import build_role_groups
+
+    pgs = build_role_groups([0, 1], tp=2, pp=1, dp=1)
+    local = _full_logits().chunk(2, dim=-1)[pgs.tp.rank()].clone().requires_grad_()
+    logprobs, entropy = token_logprobs(
+        local, _targets(), pgs.tp, temperature=temperature, vocab_size=VOCAB, with_entropy=True
+    )
+    w_logprob, w_entropy = _weights()
+    (logprobs * w_logprob + entropy * w_entropy).sum().backward()
+    only_logprobs = token_logprobs(
+        local.detach(), _targets(), pgs.tp, temperature=temperature, vocab_size=VOCAB
+    )
+    return {
+        "rank": dist.get_rank(),
+        "logprobs": logprobs.detach(),
+        "entropy": entropy.detach(),
+        "grad": local.grad,
+        "only_logprobs": only_logprobs,
+    }
+
+
+def _reference(temperature: float):
+    full = _full_logits().requires_grad_()
+    log_p = torch.log_softmax(full[..., :VOCAB].double() / temperature, dim=-1)
+    logprobs = log_p.gather(-1, _targets().unsqueeze(-1)).squeeze(-1)
+    entropy = -(log_p.exp() * log_p).sum(-1)
+    w_logprob, w_entropy = _weights()
+    (logprobs * w_logprob + entropy * w_entropy).sum().backward()
+    return logprobs.float(), entropy.float(), full.grad
+
+
+def test_tp2_logprobs_and_entropy_match_full_vocab_reference():
+    temperature = 0.7
+    results = run_distributed(_vocab_parallel, world_size=2, args=(temperature,))
+    logprobs, entropy, grad = _reference(temperature)
+    for result in results:
+        torch.testing.assert_close(result["logprobs"], logprobs, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(result["only_logprobs"], logprobs, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(result["entropy"], entropy, rtol=1e-5, atol=1e-5)
+    grads = torch.cat([r["grad"] for r in sorted(results, key=lambda r: r["rank"])], dim=-1)
+    torch.testing.assert_close(grads, grad, rtol=1e-4, atol=1e-5)
+    assert torch.all(grads[..., VOCAB:] == 0)  # padding ids get no probability and no gradient
