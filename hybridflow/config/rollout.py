@@ -17,8 +17,10 @@ class RolloutConfig:
     max_new_tokens: int = 32
     temperature: float = 1.0
     top_p: float = 1.0
-    top_k: int = -1  # -1 = off
+    top_k: int = 0  # 0 (or -1) = off
     n_samples_per_prompt: int = 1
     stop_token_ids: list[int] = field(default_factory=list)
     engine_args: dict[str, Any] = field(default_factory=dict)
+    # vLLM sleep between generations: 1 frees the KV cache and offloads weights, 2 also drops the weights.
+    sleep_level: int = 1
     dtype: str | None = None  # None = model.dtype

@@ -3,10 +3,19 @@
 from hybridflow.data.batching import PromptBatch, SFTBatch, collate_prompts, collate_sft
 from hybridflow.data.loader import PromptLoader
 from hybridflow.data.prompts import PromptDataset, drop_overlong, load_prompt_dataset
-from hybridflow.data.tasks import BUILTIN_TASKS, AddNumbers, SortDigits, builtin_task, is_builtin, task_rows
+from hybridflow.data.tasks import (
+    BUILTIN_ALPHABET,
+    BUILTIN_TASKS,
+    AddNumbers,
+    SortDigits,
+    builtin_task,
+    is_builtin,
+    task_rows,
+)
 from hybridflow.data.tokenizer import build_char_tokenizer, load_tokenizer
 
 __all__ = [
+    "BUILTIN_ALPHABET",
     "BUILTIN_TASKS",
     "AddNumbers",
     "PromptBatch",

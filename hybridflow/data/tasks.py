@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from hybridflow.errors import UserError
 
 BUILTIN_PREFIX = "builtin:"
+# Every character a built-in task writes: its character tokenizer needs nothing else (17 ids with specials).
+BUILTIN_ALPHABET = "0123456789+=>"
 
 
 @dataclass(frozen=True)
@@ -38,8 +40,21 @@ class AddNumbers:
         return {"prompt": f"{a}+{b}=", "answer": str(a + b)}
 
 
-BuiltinTask = SortDigits | AddNumbers
-BUILTIN_TASKS: dict[str, BuiltinTask] = {"sort_digits": SortDigits(), "add": AddNumbers()}
+@dataclass(frozen=True)
+class MaxDigit:
+    """ "31427>" -> "7": the largest digit. One answer token: quick to learn on a CPU, and RL has a clear
+    signal once the warm-up has made the policy answer with a digit."""
+
+    min_digits: int = 3
+    max_digits: int = 6
+
+    def example(self, rng: random.Random) -> dict[str, str]:
+        digits = [rng.choice("0123456789") for _ in range(rng.randint(self.min_digits, self.max_digits))]
+        return {"prompt": "".join(digits) + ">", "answer": max(digits)}
+
+
+BuiltinTask = SortDigits | AddNumbers | MaxDigit
+BUILTIN_TASKS: dict[str, BuiltinTask] = {"sort_digits": SortDigits(), "add": AddNumbers(), "max_digit": MaxDigit()}
 
 
 def is_builtin(source: str) -> bool:

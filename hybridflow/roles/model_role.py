@@ -25,6 +25,7 @@ from megatron_adapters.optimizer import (
     RoleOptimizer,
     TrainingPrecision,
     build_optimizer,
+    join_optimizer_build_elsewhere,
     wrap_for_training,
 )
 from megatron_adapters.process_groups import seed_role_rng
@@ -152,6 +153,13 @@ def copy_weights(src: ModelRole | None, dst: ModelRole | None, via_dir: Path, hf
     torch.distributed.barrier()
     if dst is not None:
         load_hf_weights(unwrap(dst.model), via_dir)
+
+
+def absent_from_role(trained: bool) -> None:
+    """What a rank outside a role does while the role's ranks run `build_model_role`: join the world-wide
+    collectives that building a trained role's optimizer makes."""
+    if trained:
+        join_optimizer_build_elsewhere()
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:

@@ -7,11 +7,13 @@ from dataclasses import dataclass, replace
 import torch
 import torch.distributed as dist
 
+from hybridflow.errors import UserError
 from hybridflow.placement import RoleMesh
 from hybridflow.roles.exchange import share_from_role
 from hybridflow.roles.model_role import ModelRole, unwrap
 from hybridflow.rollout.base import RolloutBatch, RolloutEngine, SamplingParams
 from hybridflow.rollout.megatron_engine import MegatronRolloutEngine
+from hybridflow.rollout.vllm_engine import VllmEngineSpec, VllmRolloutEngine
 from megatron_adapters.bridge import ReshardStats, TargetFormat, WeightBridge, training_shards
 from megatron_adapters.model import build_gpt, model_shape
 
@@ -22,7 +24,6 @@ class RolloutRole:
 
     mesh: RoleMesh
     engine: RolloutEngine | None  # None on ranks outside the rollout
-    targets: dict[str, torch.Tensor]  # the engine's weight tensors the bridge writes into (by target name)
     bridge: WeightBridge
     sampling: SamplingParams
     device: torch.device
@@ -39,6 +40,7 @@ class RolloutRole:
             sampling = replace(self.sampling, seed=self.sampling.seed + 7919 * self.step + dp_rank)
             prompts = RolloutBatch(batch.tokens[mine].to(self.device), batch.prompt_lens[mine].to(self.device))
             out = self.engine.generate(prompts, sampling)
+            self.engine.sleep()  # hand the KV cache (and, at sleep level 2, weights) back to training
             local = (out.tokens, out.response_mask, out.logprobs)
         shape = (total,)
         batch.tokens = share_from_role(local[0], self.mesh, rows, shape, torch.long, self.device).cpu()
@@ -51,22 +53,34 @@ class RolloutRole:
         src = training_shards(unwrap(actor.model)) if actor is not None else {}
         if self.engine is not None:
             self.engine.wake_up(("weights",))
-        _, self.last_sync = self.bridge.reshard(src, self.targets)
+        targets = self.engine.weight_tensors() if self.engine is not None else {}
+        _, self.last_sync = self.bridge.reshard(src, targets)
         if self.engine is not None:
+            self.engine.weights_written()
             self.engine.wake_up(("kv_cache",))
 
 
 def build_rollout_role(
     mesh: RoleMesh, groups, reshard_plan, hf_dir: str, dtype: torch.dtype, sampling: SamplingParams,
-    device: torch.device, bucket_bytes: int = 256 << 20,
+    device: torch.device, vllm_spec: VllmEngineSpec | None = None, bucket_bytes: int = 256 << 20,
 ) -> RolloutRole:
-    """The native Megatron engine at the rollout's TP on its ranks, and the bridge that feeds it."""
+    """The rollout engine on its ranks (native Megatron at the rollout's TP, or vLLM when `vllm_spec` is
+    given) and the bridge that feeds it. Collective."""
     shape = model_shape(hf_dir)
-    bridge = WeightBridge(reshard_plan, shape, TargetFormat.MEGATRON, dtype=dtype, bucket_bytes=bucket_bytes,
-                          device=device)
-    engine, targets = None, {}
-    if groups is not None:
-        model = build_gpt(hf_dir, groups, head="lm", dtype=dtype).to(device)
-        engine = MegatronRolloutEngine(model, groups.tp, vocab_size=shape.vocab_size)
-        targets = {name: p.data for name, p in model.named_parameters()}
-    return RolloutRole(mesh, engine, targets, bridge, sampling, device)
+    if vllm_spec is not None:
+        if mesh.ranks != tuple(range(dist.get_world_size())):
+            raise UserError(
+                "roles.rollout.parallel.tp: vLLM's TP groups are consecutive ranks over the whole job, but the "
+                f"zero-redundancy plan orders the rollout as {list(mesh.ranks)}; colocate the rollout on every GPU "
+                "with the actor's tp, or set rollout.engine=megatron"
+            )
+        target = TargetFormat.VLLM
+        engine = VllmRolloutEngine.create(vllm_spec, mesh.ranks)
+    else:
+        target = TargetFormat.MEGATRON
+        engine = None
+        if groups is not None:
+            model = build_gpt(hf_dir, groups, head="lm", dtype=dtype).to(device)
+            engine = MegatronRolloutEngine(model, groups.tp, vocab_size=shape.vocab_size)
+    bridge = WeightBridge(reshard_plan, shape, target, dtype=dtype, bucket_bytes=bucket_bytes, device=device)
+    return RolloutRole(mesh, engine, bridge, sampling, device)

@@ -7,7 +7,6 @@ are plain 0..T-1 in every engine and in training.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -52,8 +51,12 @@ class RolloutEngine(Protocol):
         """Fill tokens' response columns, logprobs and response_mask for this DP rank's prompts."""
         ...
 
-    def load_weights(self, shards: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Take this rank's weights in the engine's own layout (the bridge produces them)."""
+    def weight_tensors(self) -> dict[str, torch.Tensor]:
+        """The engine's own weight tensors by name, in its layout: the bridge writes into them in place."""
+        ...
+
+    def weights_written(self) -> None:
+        """Called after the bridge wrote new weights (drop caches computed with the old ones)."""
         ...
 
     def sleep(self) -> None:

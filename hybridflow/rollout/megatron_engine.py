@@ -10,8 +10,6 @@ shortest prompt, and a row still inside its own prompt is fed its prompt token i
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import torch
 import torch.distributed as dist
 from megatron.core.inference.contexts import StaticInferenceContext
@@ -88,21 +86,11 @@ class MegatronRolloutEngine:
             dist.broadcast(logp, self._tp_src, group=self.tp_group)
         return tok, logp
 
-    def load_weights(self, shards: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy this rank's native-layout shards into the model, checking every name and shape."""
-        params = dict(self.model.named_parameters())
-        seen = set()
-        for name, tensor in shards:
-            if name not in params:
-                raise KeyError(f"rollout model has no parameter {name!r}")
-            if params[name].shape != tensor.shape:
-                raise ValueError(f"{name}: shard shape {tuple(tensor.shape)} != {tuple(params[name].shape)}")
-            params[name].data.copy_(tensor)
-            seen.add(name)
-        missing = set(params) - seen
-        if missing:
-            example = sorted(missing)[:3]
-            raise KeyError(f"weight sync left {len(missing)} parameters untouched, e.g. {example}")
+    def weight_tensors(self) -> dict[str, torch.Tensor]:
+        return {name: p.data for name, p in self.model.named_parameters()}
+
+    def weights_written(self) -> None:
+        """Nothing is cached across `generate` calls."""
 
     def sleep(self) -> None:
         """Nothing to hand back: the KV cache lives only inside one `generate` call."""

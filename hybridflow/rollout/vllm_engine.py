@@ -252,6 +252,14 @@ class VllmRolloutEngine:
             outputs[row] = answer
         return outputs_to_batch(batch, outputs, sampling)
 
+    def weight_tensors(self) -> dict[str, torch.Tensor]:
+        """vLLM's parameters by name (one entry per tensor: a tied lm_head is the embedding)."""
+        return {name: p.data for name, p in self.model().named_parameters()}
+
+    def weights_written(self) -> None:
+        """Prefix-cache blocks hold KV computed with the old weights."""
+        self.llm.reset_prefix_cache()
+
     def load_weights(self, shards: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Write the bridge's vLLM-layout shards into the engine; then drop KV blocks of the old weights."""
         if "weights" in self.asleep:

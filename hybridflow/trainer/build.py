@@ -16,9 +16,15 @@ from hybridflow.config import ExperimentConfig
 from hybridflow.data import load_prompt_dataset, load_tokenizer
 from hybridflow.placement import Plan
 from hybridflow.roles.groups import build_groups, generation_mesh
-from hybridflow.roles.model_role import ModelRole, OptimizerSettings, build_model_role
+from hybridflow.roles.model_role import (
+    ModelRole,
+    OptimizerSettings,
+    absent_from_role,
+    build_model_role,
+)
 from hybridflow.roles.rollout_role import build_rollout_role
 from hybridflow.rollout.base import SamplingParams
+from hybridflow.rollout.vllm_engine import VllmEngineSpec
 from hybridflow.trainer.model_files import ensure_model_files
 from hybridflow.trainer.rewarding import build_score_fn
 from hybridflow.trainer.rl_trainer import RLTrainer
@@ -53,9 +59,12 @@ def build_run(cfg: ExperimentConfig, plan: Plan, work_dir: Path) -> BuiltRun:
 
     roles: dict[str, ModelRole] = {}
     for role in ("actor", "critic", "ref", "reward"):
-        if role not in meshes or groups[role] is None:
-            continue
         trained = role in ("actor", "critic")
+        if role not in meshes:
+            continue
+        if groups[role] is None:
+            absent_from_role(trained)
+            continue
         lr = cfg.trainer.critic_lr or cfg.trainer.lr if role == "critic" else cfg.trainer.lr
         settings = OptimizerSettings(lr=lr, weight_decay=cfg.trainer.weight_decay, grad_clip=cfg.trainer.grad_clip)
         roles[role] = build_model_role(
@@ -68,8 +77,16 @@ def build_run(cfg: ExperimentConfig, plan: Plan, work_dir: Path) -> BuiltRun:
         top_k=max(cfg.rollout.top_k, 0), stop_token_ids=tuple(cfg.rollout.stop_token_ids),
         pad_token_id=tokenizer.pad_token_id, seed=cfg.trainer.seed,
     )
-    rollout = build_rollout_role(rollout_mesh, groups["rollout"], reshard_plan, hf_dir,
-                                 DTYPES[cfg.rollout.dtype or cfg.model.dtype], sampling, device)
+    rollout_dtype = cfg.rollout.dtype or cfg.model.dtype
+    vllm_spec = None
+    if cfg.rollout.engine == "vllm":
+        vllm_spec = VllmEngineSpec(
+            model_path=hf_dir, tp=rollout_mesh.tp, dtype=rollout_dtype,
+            gpu_memory_utilization=cfg.rollout.gpu_memory_utilization, sleep_level=cfg.rollout.sleep_level,
+            seed=cfg.trainer.seed, engine_args=cfg.rollout.engine_args,
+        )
+    rollout = build_rollout_role(rollout_mesh, groups["rollout"], reshard_plan, hf_dir, DTYPES[rollout_dtype],
+                                 sampling, device, vllm_spec)
     rollout.sync(roles.get("actor"))  # the engine starts from the actor's weights, through the bridge
     alg = cfg.algorithm
     trainer = RLTrainer(

@@ -1,7 +1,8 @@
 """Where the run's HF checkpoint and tokenizer come from: local paths, or made locally for built-in tasks.
 
 No model hub is involved. With `model.path` unset (the CPU default) rank 0 writes a small random HF
-checkpoint of the configured shape and a character tokenizer into the run directory, so every role loads
+checkpoint of the configured shape and a character tokenizer (over the built-in tasks' 13 characters, or
+printable ASCII) into the run directory, so every role loads
 its weights through the same HF safetensors path a real checkpoint takes.
 """
 
@@ -14,7 +15,8 @@ import torch.distributed as dist
 import transformers
 
 from hybridflow.config import ExperimentConfig, ModelConfig
-from hybridflow.data import build_char_tokenizer
+from hybridflow.data import BUILTIN_ALPHABET, build_char_tokenizer, is_builtin
+from hybridflow.data.tokenizer import DEFAULT_ALPHABET
 from hybridflow.errors import UserError
 
 _CONFIG_CLASSES = {
@@ -50,7 +52,8 @@ def ensure_model_files(cfg: ExperimentConfig, work_dir: Path) -> tuple[str, str]
         if not cfg.model.path and not (hf_dir / "config.json").is_file():
             random_hf_checkpoint(cfg.model, hf_dir, cfg.trainer.seed)
         if not cfg.data.tokenizer and not cfg.model.path and not (tok_dir / "tokenizer.json").is_file():
-            tokenizer = build_char_tokenizer(tok_dir)
+            alphabet = BUILTIN_ALPHABET if is_builtin(cfg.data.source) else DEFAULT_ALPHABET
+            tokenizer = build_char_tokenizer(tok_dir, alphabet)
             if len(tokenizer) > cfg.model.vocab_size:
                 raise UserError(f"model.vocab_size: {cfg.model.vocab_size} < the character tokenizer's "
                                 f"{len(tokenizer)} ids; set model.vocab_size={len(tokenizer)}")

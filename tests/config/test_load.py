@@ -108,7 +108,7 @@ def test_group_selection_and_named_submodels():
         (["roles.critic.enabled=false"], r"^roles\.critic\.enabled: PPO needs a critic"),
         (["reward.use_model=true"], r"^roles\.reward\.enabled: is False but reward\.use_model is True"),
         (["data.seq_length=8"], r"^data\.seq_length: 8 < max_prompt_length"),
-        (["algorithm.mini_batch_size=3"], r"^algorithm\.mini_batch_size: 3 does not divide the 8 samples"),
+        (["algorithm.mini_batch_size=3"], r"^algorithm\.mini_batch_size: 3 does not divide the 32 samples"),
         (["roles.actor.parallel.tp=0"], r"^roles\.actor\.parallel\.tp: must be >= 1"),
     ],
 )

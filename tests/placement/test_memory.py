@@ -104,9 +104,10 @@ def test_vllm_rollout_takes_its_gpu_memory_utilization(cfg8b):
 
 def test_native_rollout_kv_cache_for_the_batch():
     cfg = load_experiment("tiny_cpu", [])
-    # tiny: L=4, kv heads 2, head_dim 32, fp32; rollout tp2 -> 1 kv head per rank; dp2 -> 4 of 8 sequences.
+    # tiny: L=4, kv heads 2, head_dim 32, fp32; rollout tp2 -> 1 kv head per rank; dp2 -> half the sequences.
     est = estimate_role_memory(cfg.model, "rollout", Dims(2, 1, 2), cfg)
     per_token = 2 * 4 * 1 * 32 * 4  # K and V x layers x kv heads x head_dim x fp32
-    assert est.kv_cache == 4 * cfg.data.seq_length * per_token
+    sequences = cfg.data.train_batch_size * cfg.rollout.n_samples_per_prompt // 2
+    assert est.kv_cache == sequences * cfg.data.seq_length * per_token
     shared = estimate_role_memory(cfg.model, "rollout", Dims(2, 1, 2), cfg, shares_actor_weights=True)
     assert shared.weights == 0 and shared.kv_cache == est.kv_cache

@@ -137,13 +137,13 @@ BAD_INPUTS = {
     "mini_batch_vs_dp_micro": (
         "tiny_cpu",
         ["roles.actor.micro_batch_size=3"],
-        r"^algorithm\.mini_batch_size: 8 is not divisible by actor dp x micro_batch_size = "
+        r"^algorithm\.mini_batch_size: 16 is not divisible by actor dp x micro_batch_size = "
         r"2 x 3 = 6",
     ),
     "forward_batch_vs_dp_micro": (
         "tiny_cpu",
         ["roles.ref.micro_batch_size=3"],
-        r"^roles\.ref\.micro_batch_size: 8 samples per step are not divisible",
+        r"^roles\.ref\.micro_batch_size: 32 samples per step are not divisible",
     ),
     "pp_larger_than_layers": (
         "tiny_cpu",
