@@ -1,4 +1,4 @@
-"""Token tensors from text: left-padded prompts for generation, right-padded prompt+answer for SFT."""
+"""Token tensors from text: right-padded prompts for generation and prompt + answer for SFT."""
 
 from __future__ import annotations
 
@@ -14,14 +14,18 @@ from hybridflow.errors import UserError
 
 @dataclass
 class PromptBatch:
-    """Prompts left-padded to a common length, so every prompt ends at the last column and generation
-    appends to all rows at the same position."""
+    """Prompts right-padded: row b holds its prompt at columns [0, len_b), so the response can follow it
+    directly and causal attention needs no padding mask (see hybridflow.rollout.base)."""
 
-    input_ids: torch.Tensor  # [B, L] int64, pad id on the left
+    input_ids: torch.Tensor  # [B, L] int64, pad id after each prompt
     attention_mask: torch.Tensor  # [B, L] int64, 1 on prompt tokens
     rows: list[dict[str, Any]] = field(
         default_factory=list
     )  # the dataset rows (reference fields for rewards)
+
+    @property
+    def prompt_lens(self) -> torch.Tensor:
+        return self.attention_mask.sum(dim=1)
 
 
 @dataclass
@@ -43,8 +47,10 @@ def collate_prompts(
     prompts: Sequence[str],
     max_prompt_length: int,
     rows: list[dict[str, Any]] | None = None,
+    total_len: int | None = None,
 ) -> PromptBatch:
-    """Tokenize (with the tokenizer's own special tokens, e.g. Llama's bos) and left-pad to the longest."""
+    """Tokenize (with the tokenizer's own special tokens, e.g. Llama's bos) and right-pad to `total_len`
+    columns (prompt + room for the response), or to the longest prompt."""
     encoded = tokenizer(list(prompts))["input_ids"]
     longest = max(len(ids) for ids in encoded)
     if longest > max_prompt_length:
@@ -52,12 +58,12 @@ def collate_prompts(
             f"data.max_prompt_length: a prompt has {longest} tokens, more than {max_prompt_length}; raise it "
             "(datasets drop such prompts when loaded through PromptLoader)"
         )
-    input_ids = torch.full((len(encoded), longest), _pad_id(tokenizer), dtype=torch.long)
-    attention_mask = torch.zeros((len(encoded), longest), dtype=torch.long)
+    width = total_len or longest
+    input_ids = torch.full((len(encoded), width), _pad_id(tokenizer), dtype=torch.long)
+    attention_mask = torch.zeros((len(encoded), width), dtype=torch.long)
     for i, ids in enumerate(encoded):
-        if ids:
-            input_ids[i, -len(ids) :] = torch.tensor(ids)
-            attention_mask[i, -len(ids) :] = 1
+        input_ids[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        attention_mask[i, : len(ids)] = 1
     return PromptBatch(input_ids, attention_mask, list(rows) if rows is not None else [])
 
 

@@ -52,7 +52,7 @@ class PromptLoader:
         return [self.dataset.rows[i] for i in picked]
 
     def next_batch(self) -> PromptBatch:
-        """The next rows as a left-padded prompt batch."""
+        """The next rows as a right-padded prompt batch."""
         rows = self.next_rows()
         prompts = [row[self.dataset.prompt_key] for row in rows]
         return collate_prompts(self.tokenizer, prompts, self.max_prompt_length, rows)

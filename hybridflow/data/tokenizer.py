@@ -34,7 +34,7 @@ def build_char_tokenizer(out_dir: str | Path, alphabet: str = DEFAULT_ALPHABET) 
         single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, vocab[BOS])]
     )
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token=PAD, bos_token=BOS, eos_token=EOS, unk_token=UNK, padding_side="left"
+        tokenizer_object=tok, pad_token=PAD, bos_token=BOS, eos_token=EOS, unk_token=UNK, padding_side="right"
     )
     fast.save_pretrained(str(out_dir))
     return fast

@@ -40,22 +40,6 @@ class StepBatch:
         return out
 
 
-def encode_prompts(
-    tokenizer: Any, prompts: list[str], total_len: int, pad_id: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded [B, total_len] prompt ids (with the tokenizer's own special tokens) and their lengths."""
-    encoded = tokenizer(list(prompts))["input_ids"]
-    tokens = torch.full((len(encoded), total_len), pad_id, dtype=torch.long)
-    for i, ids in enumerate(encoded):
-        tokens[i, : len(ids)] = torch.tensor(ids)
-    return tokens, torch.tensor([len(ids) for ids in encoded])
-
-
-def response_ids(batch: StepBatch) -> list[list[int]]:
-    """Each row's response tokens, unpadded."""
-    return [row[mask.bool()].tolist() for row, mask in zip(batch.tokens, batch.response_mask, strict=True)]
-
-
 def pad_columns(x: torch.Tensor, total_len: int, value: float) -> torch.Tensor:
     """Right-pad [B, L] to [B, total_len]."""
     return torch.nn.functional.pad(x, (0, total_len - x.shape[1]), value=value)

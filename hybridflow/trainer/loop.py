@@ -7,12 +7,12 @@ from pathlib import Path
 import torch.distributed as dist
 
 from hybridflow.config import ExperimentConfig
-from hybridflow.data import PromptLoader, collate_sft
+from hybridflow.data import PromptLoader, collate_prompts, collate_sft
 from hybridflow.errors import UserError
 from hybridflow.placement import Plan
 from hybridflow.roles.model_role import copy_weights, unwrap
 from hybridflow.trainer import checkpointing
-from hybridflow.trainer.batch import StepBatch, encode_prompts, pad_columns
+from hybridflow.trainer.batch import StepBatch, pad_columns
 from hybridflow.trainer.build import build_run
 from hybridflow.trainer.metrics import MetricsLog
 from megatron_adapters.hf_safetensors import load_hf_weights, save_hf_weights
@@ -22,9 +22,9 @@ def next_step_batch(loader: PromptLoader, tokenizer, cfg: ExperimentConfig) -> S
     """The next prompts, each repeated n_samples_per_prompt times (a prompt's samples stay contiguous)."""
     n = cfg.rollout.n_samples_per_prompt
     rows = [row for row in loader.next_rows() for _ in range(n)]
-    prompts = [row[cfg.data.prompt_key] for row in rows]
-    tokens, lens = encode_prompts(tokenizer, prompts, cfg.data.seq_length, tokenizer.pad_token_id)
-    return StepBatch(rows=rows, tokens=tokens, prompt_lens=lens)
+    prompts = collate_prompts(tokenizer, [row[cfg.data.prompt_key] for row in rows], cfg.data.max_prompt_length,
+                              rows, total_len=cfg.data.seq_length)
+    return StepBatch(rows=rows, tokens=prompts.input_ids, prompt_lens=prompts.prompt_lens)
 
 
 def warmup(trainer, loader: PromptLoader, tokenizer, cfg: ExperimentConfig, log: MetricsLog, sft_dir: Path,

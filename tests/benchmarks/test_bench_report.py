@@ -65,7 +65,9 @@ def test_simulated_table_marks_chosen_and_skipped():
 
 
 def test_summarize_drops_warmup_and_derives_tokens(tmp_path):
-    cfg = load_experiment("tiny_cpu", ["data.train_batch_size=8", "rollout.n_samples_per_prompt=1"])
+    cfg = load_experiment("tiny_cpu", ["data.train_batch_size=8", "rollout.n_samples_per_prompt=1",
+                                       "algorithm.mini_batch_size=8", "roles.actor.micro_batch_size=2",
+                                       "roles.critic.micro_batch_size=2", "roles.ref.micro_batch_size=2"])
     plan = plan_placement(cfg)
     lines = [{"step": 1, "phase": "sft", "loss": 1.0}]
     for step, (tok_s, step_s) in enumerate([(10.0, 10.0), (100.0, 2.0), (50.0, 2.0)], start=1):

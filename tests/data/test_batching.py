@@ -10,16 +10,19 @@ def tok(tmp_path_factory):
     return build_char_tokenizer(tmp_path_factory.mktemp("tok"))
 
 
-def test_left_padded_prompts(tok):
+def test_right_padded_prompts(tok):
     batch = collate_prompts(tok, ["12>", "4>"], max_prompt_length=8, rows=[{"a": 1}, {"a": 2}])
     bos, pad = tok.bos_token_id, tok.pad_token_id
     ids = tok("12>", add_special_tokens=False)["input_ids"]
     assert batch.input_ids.tolist() == [
         [bos, *ids],
-        [pad, bos, *tok("4>", add_special_tokens=False)["input_ids"]],
+        [bos, *tok("4>", add_special_tokens=False)["input_ids"], pad],
     ]
-    assert batch.attention_mask.tolist() == [[1, 1, 1, 1], [0, 1, 1, 1]]
+    assert batch.attention_mask.tolist() == [[1, 1, 1, 1], [1, 1, 1, 0]]
+    assert batch.prompt_lens.tolist() == [4, 3]
     assert batch.input_ids.dtype == torch.long and batch.rows == [{"a": 1}, {"a": 2}]
+    wide = collate_prompts(tok, ["12>"], max_prompt_length=8, total_len=7)
+    assert wide.input_ids.shape == (1, 7) and wide.input_ids[0, 4:].tolist() == [pad] * 3
 
 
 def test_overlong_prompt(tok):

@@ -16,7 +16,7 @@ def test_loads_through_auto_tokenizer_with_specials(tok_dir):
     tok = AutoTokenizer.from_pretrained(str(tok_dir))
     assert len(tok) == 100
     assert (tok.pad_token_id, tok.bos_token_id, tok.eos_token_id, tok.unk_token_id) == (0, 1, 2, 3)
-    assert tok.padding_side == "left"
+    assert tok.padding_side == "right"
 
 
 @pytest.mark.parametrize("text", ["3142>1234", "17+25=42", "Hello, world!\nsecond line ~{}"])

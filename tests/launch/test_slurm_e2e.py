@@ -97,3 +97,18 @@ def test_dead_rank_fails_the_whole_job(cluster, job_dir):
     assert len(list((job_dir / "out").glob("rank*.json"))) == NODES * PER_NODE  # all had joined
     # The failed node's torchrun stopped its ranks and reported; srun (--kill-on-bad-exit) ended the others.
     assert "Root Cause (first observed failure)" in log, log[-4000:]
+
+
+def test_tiny_cpu_training_completes_under_sbatch(cluster, job_dir, monkeypatch):
+    """The CPU default itself, rendered by `hybridflow.sbatch` and submitted: 2 nodes x 2 ranks, torchrun."""
+    out = job_dir / "out"
+    monkeypatch.setenv("HYBRIDFLOW_SLURM_E2E_COMMAND",
+                       f"-m hybridflow.run +experiment=tiny_cpu cluster.nodes={NODES} cluster.gpus_per_node={PER_NODE}"
+                       " trainer.total_steps=2 trainer.warmup_sft_steps=2 trainer.output_dir={out}")
+    monkeypatch.setenv("HYBRIDFLOW_SLURM_E2E_TIMEOUT_S", os.environ.get("HYBRIDFLOW_SLURM_E2E_TIMEOUT_S", "600"))
+    state, log = _submit(cluster, job_dir, "torchrun", "")
+    assert state == "COMPLETED", f"job ended {state}:\n{log[-4000:]}\n{cluster.logs_tail()}"
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["phase"] == "rl"] == [1, 2]
+    assert all(r["parity/max_abs"] <= 1e-4 for r in records if r["phase"] == "rl")
+    assert (out / "final_hf" / "config.json").exists()

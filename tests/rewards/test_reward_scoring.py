@@ -52,7 +52,7 @@ def test_compute_scores_checks_count_and_finiteness():
 
 
 def test_builtin_task_end_to_end_from_token_ids(tmp_path):
-    # Prompts left-padded, responses right-padded after eos: decode them and score against the answers.
+    # Prompts and responses right-padded (responses after eos): decode them and score against the answers.
     tok = build_char_tokenizer(tmp_path)
     rows = load_prompt_dataset("builtin:sort_digits", seed=0, num_builtin_examples=3).rows
     prompts = collate_prompts(tok, [r["prompt"] for r in rows], 16, rows)
