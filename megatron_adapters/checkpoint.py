@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 from megatron.core import dist_checkpointing
 from megatron.core.dist_checkpointing.strategies import filesystem_async
+from megatron.core.dist_checkpointing.utils import add_prefix_for_sharding
 
 from megatron_adapters.model import load_hf_config
 
@@ -32,15 +33,20 @@ def unwrap(model):
     return model
 
 
-def sharded_state(model, optimizer=None, is_loading: bool = False) -> dict:
-    """{'model': ..., 'optimizer': ...} sharded state dicts of one role, for dist_checkpointing."""
+def sharded_state(model, optimizer=None, is_loading: bool = False, prefix: str = "") -> dict:
+    """{'model': ..., 'optimizer': ...} sharded state dicts of one role, for dist_checkpointing.
+
+    `prefix` namespaces the checkpoint keys, so several models (actor, critic) share one checkpoint.
+    """
     gpt = unwrap(model)
     metadata = {"dp_cp_group": gpt.pg_collection.dp_cp}
-    state = {"model": gpt.sharded_state_dict(metadata=metadata)}
+    state = {"model": gpt.sharded_state_dict(prefix=prefix, metadata=metadata)}
     if optimizer is not None:
         state["optimizer"] = optimizer.sharded_state_dict(
             state["model"], is_loading=is_loading, metadata={**metadata, **OPTIMIZER_METADATA}
         )
+        if prefix:  # the optimizer names its shards after its buffers, not the model's prefixed keys
+            add_prefix_for_sharding(state["optimizer"], prefix)
     return state
 
 
@@ -71,6 +77,52 @@ def _prime_write_results_queue() -> None:
         filesystem_async.get_write_results_queue(mp_mode="fork")
 
 
+def save_models(ckpt_dir: str | os.PathLike, models: dict[str, tuple]) -> None:
+    """Save several models (name -> (model, optimizer or None)) into one dist checkpoint, keys prefixed by
+    name. Collective over the world; a rank passes only the models it holds."""
+    _prime_write_results_queue()
+    state = {name: sharded_state(m, o, prefix=f"{name}.") for name, (m, o) in models.items()}
+    dist_checkpointing.save(state, str(ckpt_dir))
+
+
+def _materialize_optimizer_state(optimizer) -> None:
+    """Give a never-stepped optimizer the Adam state tensors (and step) that loading copies into.
+
+    megatron's distributed optimizer reads the inner torch Adam's `step` while building the sharded state
+    dict it loads into, and a fresh torch Adam has no state at all yet.
+    """
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = opt.optimizer
+        if opt.init_state_fn is not None:
+            opt.init_state_fn(inner, opt.config)
+        for group in inner.param_groups:
+            for param in group["params"]:
+                inner.state[param].setdefault("step", torch.tensor(0.0))
+
+
+def load_models(ckpt_dir: str | os.PathLike, models: dict[str, tuple]) -> None:
+    """Load what `save_models` wrote into this rank's models (at their own TP x PP). Collective."""
+    for _, optimizer in models.values():
+        if optimizer is not None:
+            _materialize_optimizer_state(optimizer)
+    state = {name: sharded_state(m, o, is_loading=True, prefix=f"{name}.") for name, (m, o) in models.items()}
+    with torch.no_grad():  # distributed-optimizer state copies into leaf tensors
+        loaded = dist_checkpointing.load(state, str(ckpt_dir))
+        for name, (model, optimizer) in models.items():
+            weights = {k.removeprefix(f"{name}."): v for k, v in loaded[name]["model"].items()}
+            _load_weights(unwrap(model), weights, ckpt_dir)
+            if optimizer is not None:
+                optimizer.load_state_dict(loaded[name]["optimizer"])
+
+
+def _load_weights(gpt, weights: dict, ckpt_dir) -> None:
+    # strict=False only for megatron's empty `_extra_state` entries; real parameters must all be there.
+    result = gpt.load_state_dict(weights, strict=False)
+    missing = [k for k in result.missing_keys if not k.endswith("_extra_state")]
+    if missing:
+        raise ValueError(f"ckpt: {ckpt_dir} lacks parameters {missing}; was it saved from this model?")
+
+
 def checkpoint_hf_config(ckpt_dir: str | os.PathLike):
     """The HF config a checkpoint was saved with (ValueError if the directory is not one of ours)."""
     config_dir = Path(ckpt_dir) / HF_CONFIG_DIR
@@ -88,11 +140,7 @@ def load_checkpoint(ckpt_dir: str | os.PathLike, model, optimizer=None) -> dict:
     state = sharded_state(model, optimizer, is_loading=True)
     with torch.no_grad():  # distributed-optimizer state copies into leaf tensors
         loaded = dist_checkpointing.load(state, str(ckpt_dir))
-    # strict=False only for megatron's empty `_extra_state` entries; real parameters must all be there.
-    result = unwrap(model).load_state_dict(loaded["model"], strict=False)
-    missing = [k for k in result.missing_keys if not k.endswith("_extra_state")]
-    if missing:
-        raise ValueError(f"ckpt: {ckpt_dir} lacks parameters {missing}; was it saved from this model?")
+    _load_weights(unwrap(model), loaded["model"], ckpt_dir)
     if optimizer is not None:
         optimizer.load_state_dict(loaded["optimizer"])
     return loaded.get("extra", {}) or {}

@@ -81,9 +81,17 @@ class RoleOptimizer:
 
     optimizer: MegatronOptimizer
     scheduler: OptimizerParamScheduler
+    ddp_chunks: Sequence[DistributedDataParallel] = ()
 
     def zero_grad(self) -> None:
-        """Zero the grads and the DDP grad buffers before a new accumulation."""
+        """Zero the grads and the DDP grad buffers before a new accumulation.
+
+        megatron's optimizer.zero_grad() leaves DDP's contiguous grad buffers (every param's `main_grad`)
+        alone, as megatron's own training loop zeroes them separately; without this, gradients would sum
+        over steps.
+        """
+        for chunk in self.ddp_chunks:
+            chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
 
     def step(self) -> dict[str, float]:
@@ -189,7 +197,7 @@ def build_optimizer(
         wd_incr_steps=1,
         wd_incr_style="constant",
     )
-    return RoleOptimizer(optimizer, scheduler)
+    return RoleOptimizer(optimizer, scheduler, tuple(ddp_chunks))
 
 
 def join_optimizer_build_elsewhere() -> None:

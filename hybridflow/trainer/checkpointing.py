@@ -13,12 +13,11 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-from megatron.core import dist_checkpointing
 from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 
 from hybridflow.errors import UserError
 from hybridflow.roles.model_role import ModelRole
-from megatron_adapters.checkpoint import sharded_state, unwrap
+from megatron_adapters.checkpoint import load_models, save_models
 
 TRAINED = ("actor", "critic")
 
@@ -66,8 +65,7 @@ def save(root: Path, step: int, roles: dict[str, ModelRole], rank_state: dict) -
         partial.mkdir(parents=True)
     dist.barrier()
     held = [name for name in TRAINED if name in roles]
-    state = {name: sharded_state(roles[name].model, roles[name].optimizer.optimizer) for name in held}
-    dist_checkpointing.save(state, str(partial))
+    save_models(partial, {name: (roles[name].model, roles[name].optimizer.optimizer) for name in held})
     schedulers = {name: roles[name].optimizer.scheduler.state_dict() for name in held}
     torch.save({**rank_state, "rng": _rng_state(), "schedulers": schedulers},
                partial / f"rank{dist.get_rank():05d}.pt")
@@ -80,13 +78,8 @@ def save(root: Path, step: int, roles: dict[str, ModelRole], rank_state: dict) -
 
 def load(path: Path, roles: dict[str, ModelRole]) -> dict:
     """Collective: restore trained roles and return this rank's saved state (RNG restored already)."""
-    state = {name: sharded_state(roles[name].model, roles[name].optimizer.optimizer, is_loading=True)
-             for name in TRAINED if name in roles}
-    with torch.no_grad():
-        loaded = dist_checkpointing.load(state, str(path))
-    for name in state:
-        unwrap(roles[name].model).load_state_dict(loaded[name]["model"], strict=False)
-        roles[name].optimizer.optimizer.load_state_dict(loaded[name]["optimizer"])
+    load_models(path, {name: (roles[name].model, roles[name].optimizer.optimizer)
+                       for name in TRAINED if name in roles})
     rank_state = torch.load(path / f"rank{dist.get_rank():05d}.pt", weights_only=False)
     for name, sched in rank_state.pop("schedulers").items():
         roles[name].optimizer.scheduler.load_state_dict(sched)
