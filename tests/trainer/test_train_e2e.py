@@ -41,6 +41,7 @@ def test_ppo_reward_rises(tmp_path, placement):
 
 
 def test_grpo_reward_rises(tmp_path):
+    # measured: mean reward of steps 1-5 ~0.21, of 16-20 ~0.43
     run(tmp_path, "+experiment=grpo_tiny_cpu", "trainer.total_steps=20")
     first, last = _rise(rl_records(tmp_path), 5)
     assert last > first + 0.15, (first, last)
