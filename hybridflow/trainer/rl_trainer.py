@@ -53,7 +53,7 @@ class RLTrainer:
     cfg: ExperimentConfig
     roles: dict[str, ModelRole]  # the model roles this rank holds (actor, critic, ref, reward)
     meshes: dict  # every enabled role's RoleMesh (also for roles this rank does not hold)
-    rollout: object  # hybridflow.trainer.rollout_stage.RolloutStage
+    rollout: object  # hybridflow.roles.rollout_role.RolloutRole
     score_fn: Callable[[StepBatch], torch.Tensor]
     kl_ctl: object
     estimator: object
