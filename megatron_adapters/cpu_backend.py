@@ -223,3 +223,8 @@ def enable_cpu_backend(force: bool = False) -> bool:
     _CudaAsCpuMode().__enter__()
     _enabled = True
     return True
+
+
+def compute_device() -> torch.device:
+    """Where this rank's tensors and collectives live: its current CUDA device, or the CPU without one."""
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")

@@ -23,6 +23,8 @@ from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
 from megatron.core.process_groups_config import ProcessGroupCollection
 from megatron.core.utils import get_model_config
 
+from megatron_adapters.cpu_backend import compute_device
+
 MicroBatch = dict[str, torch.Tensor]
 Metrics = dict[str, torch.Tensor]
 # (model output on the last stage, the micro-batch) -> (scalar loss, detached metrics)
@@ -118,7 +120,7 @@ def broadcast_from_last_stage(metrics: list[Metrics], pp_group: dist.ProcessGrou
     layout = [[(k, tuple(v.shape), v.dtype) for k, v in m.items()] for m in metrics] if is_src else None
     holder = [layout]
     dist.broadcast_object_list(holder, src=src, group=pp_group)
-    device = _comm_device()
+    device = compute_device()
     result = []
     for index, entries in enumerate(holder[0]):
         received = {}
@@ -133,10 +135,3 @@ def broadcast_from_last_stage(metrics: list[Metrics], pp_group: dist.ProcessGrou
         result.append(received)
     return result
 
-
-def _comm_device() -> torch.device:
-    return (
-        torch.device("cuda", torch.cuda.current_device())
-        if torch.cuda.is_available()
-        else torch.device("cpu")
-    )

@@ -16,6 +16,7 @@ import torch
 from megatron.core.process_groups_config import ProcessGroupCollection
 
 from hybridflow.placement import RoleMesh
+from megatron_adapters.cpu_backend import compute_device
 from megatron_adapters.forward_backward import run_forward_backward
 from megatron_adapters.hf_safetensors import load_hf_weights, save_hf_weights
 from megatron_adapters.logprobs import token_logprobs
@@ -109,15 +110,11 @@ class ModelRole:
         stats = self.optimizer.step()
         totals = {k: sum(m[k].float() for m in metrics) for k in metrics[0]}
         keys = sorted(totals)
-        packed = torch.stack([totals[k].reshape(()) for k in keys]).to(_comm_device())
+        packed = torch.stack([totals[k].reshape(()) for k in keys]).to(compute_device())
         torch.distributed.all_reduce(packed, group=self.groups.dp)
         tokens = packed[keys.index("num_tokens")].clamp(min=1)
         means = {k: float(packed[i] / tokens) for i, k in enumerate(keys) if k != "num_tokens"}
         return {**means, **stats}
-
-
-def _comm_device() -> torch.device:
-    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
 
 def build_model_role(

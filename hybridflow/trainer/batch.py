@@ -6,7 +6,7 @@ quantity is about token t (its log-prob, the value of the state before it, its r
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -26,7 +26,6 @@ class StepBatch:
     token_rewards: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None
-    extras: dict[str, float] = field(default_factory=dict)
 
     @property
     def size(self) -> int:

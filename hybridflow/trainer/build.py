@@ -28,6 +28,7 @@ from hybridflow.rollout.vllm_engine import VllmEngineSpec
 from hybridflow.trainer.model_files import ensure_model_files
 from hybridflow.trainer.rewarding import build_score_fn
 from hybridflow.trainer.rl_trainer import RLTrainer
+from megatron_adapters.cpu_backend import compute_device
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
 HEADS = {"actor": "lm", "ref": "lm", "critic": "value", "reward": "reward"}
@@ -40,10 +41,6 @@ class BuiltRun:
     dataset: object
     hf_dir: str
     work_dir: Path
-
-
-def compute_device() -> torch.device:
-    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
 
 def build_run(cfg: ExperimentConfig, plan: Plan, work_dir: Path) -> BuiltRun:

@@ -21,6 +21,7 @@ from megatron_adapters.bridge.schedule import GATHER, OWN, RECV, BucketStep, Res
 from megatron_adapters.bridge.shard_ranges import ShardGeometry, TargetFormat
 from megatron_adapters.bridge.transport import build_transport
 from megatron_adapters.bridge.vllm_layout import bridge_tensors
+from megatron_adapters.cpu_backend import compute_device
 from megatron_adapters.hf_safetensors import stage_entries
 from megatron_adapters.hf_weights import Layout, te_alias
 from megatron_adapters.model import ModelShape, padded_vocab_size
@@ -72,9 +73,7 @@ class WeightBridge:
         cache_views: bool = True,
     ) -> None:
         self.plan, self.shape, self.target, self.dtype = plan, shape, target, dtype
-        self.device = device or (
-            torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-        )
+        self.device = device or compute_device()
         self.tensors = bridge_tensors(shape)
         train = ShardGeometry(
             TargetFormat.MEGATRON,
