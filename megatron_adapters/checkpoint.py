@@ -112,7 +112,25 @@ def load_models(ckpt_dir: str | os.PathLike, models: dict[str, tuple]) -> None:
             weights = {k.removeprefix(f"{name}."): v for k, v in loaded[name]["model"].items()}
             _load_weights(unwrap(model), weights, ckpt_dir)
             if optimizer is not None:
-                optimizer.load_state_dict(loaded[name]["optimizer"])
+                _load_optimizer_state(optimizer, loaded[name]["optimizer"])
+
+
+def _load_optimizer_state(optimizer, state: dict) -> None:
+    """`optimizer.load_state_dict`, then give every parameter its own, correct Adam `step`.
+
+    On the torch-Adam path (no Apex/TE) megatron's distributed optimizer keeps the step count in its param
+    groups and, on load, hands *one* step tensor to every parameter; loading the dp_reshardable shards then
+    copies the stale pre-load step (0) into it. Adam would restart its bias correction and, the tensor
+    being shared, advance it once per parameter each step. The checkpoint's step survives in the
+    param groups that megatron loaded, so each parameter gets its own copy of that.
+    """
+    optimizer.load_state_dict(state)
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = opt.optimizer
+        for group in inner.param_groups:
+            for param in group["params"]:
+                if "step" in inner.state[param]:  # torch Adam only: Apex/TE Adam count steps per group
+                    inner.state[param]["step"] = torch.tensor(float(group["step"]))
 
 
 def _load_weights(gpt, weights: dict, ckpt_dir) -> None:
@@ -142,5 +160,5 @@ def load_checkpoint(ckpt_dir: str | os.PathLike, model, optimizer=None) -> dict:
         loaded = dist_checkpointing.load(state, str(ckpt_dir))
     _load_weights(unwrap(model), loaded["model"], ckpt_dir)
     if optimizer is not None:
-        optimizer.load_state_dict(loaded["optimizer"])
+        _load_optimizer_state(optimizer, loaded["optimizer"])
     return loaded.get("extra", {}) or {}
