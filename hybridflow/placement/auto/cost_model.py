@@ -2,11 +2,12 @@
 
 - Training and inference (preparation) are compute-bound: FLOPs / (GPUs * peak * MFU), stretched by the
   pipeline bubble, plus TP activation all-reduces, pipeline sends, and the DP gradient sync once per
-  optimizer step (the part not hidden under backward).
+  optimizer step (the part not hidden under backward). A micro-batch too small to be compute-bound costs
+  at least the HBM traffic of its weight shard (roofline); 2048-token micro-batches are far above it.
 - Generation is memory-bound: every decode step streams the weight shard and the KV cache of the batch
   from HBM, plus per-layer latencies (TP all-reduces, kernel launches); prefill is compute-bound. When a
   replica's batch does not fit the rollout's KV budget, it runs in waves. The bridge (training -> rollout
-  layout, HybridFlow Table 2) is charged here.
+  layout, HybridFlow Table 2) and the rollout's sleep/wake weight copies to host memory are charged here.
 - Every pass of a role in a stage adds a fixed overhead (batch hand-off, barrier).
 
 Every time is a per-iteration figure for the whole role (its ranks work in lock-step). Each function has a
@@ -28,6 +29,10 @@ from hybridflow.placement.auto.workload import GENERATION, PREPARATION, TRAINING
 DP_SYNC_BYTES_PER_PARAM = 3
 # Adam update traffic per parameter of the optimizer shard (fp32 master, m, v, grad: read + write).
 ADAM_BYTES_PER_PARAM = 32
+# HBM bytes per parameter of the GPU's shard that one micro-batch moves whatever its size: a forward reads
+# the bf16 weights; a backward reads them again (dgrad) and reads + writes the fp32 main grad that the
+# weight-gradient GEMM accumulates into (megatron's gradient-accumulation fusion).
+TRAIN_STREAM_BYTES_PER_PARAM = 2 + 2 + 8
 
 
 Breakdown = dict[str, float]  # component -> seconds
@@ -43,11 +48,13 @@ def _forward_passes(role: RoleWork, s: Strategy, workload: Workload, device: Dev
     """Compute, pipeline bubble, TP and PP communication of passes over `samples` full sequences."""
     m, seq = role.model, workload.sequence_length
     flops = flops_factor * m.forward_flops_per_token(seq / 2) * samples * seq
-    compute = flops / (s.gpus * device.peak_flops * mfu)
+    micro_batches = samples / (s.dp * role.micro_batch_size)
+    per_param = TRAIN_STREAM_BYTES_PER_PARAM if flops_factor > 1 else m.dtype_bytes
+    stream = micro_batches * m.params / (s.tp * s.pp) * per_param / (device.hbm_bytes_per_s * eff.hbm_efficiency)
+    compute = max(flops / (s.gpus * device.peak_flops * mfu), stream)
     # 1F1B: (p - 1) idle micro-batch slots per optimizer step (per pass for inference) of m micro-batches.
     micro_per_step = batch_per_step / (s.dp * role.micro_batch_size)
     bubble = compute * (s.pp - 1) / max(micro_per_step, 1.0)
-    micro_batches = samples / (s.dp * role.micro_batch_size)
     act_bytes = role.micro_batch_size * seq * m.hidden_size * m.dtype_bytes
     tp = allreduces_per_layer * (m.num_layers / s.pp) * micro_batches * tp_allreduce_time(act_bytes, s.tp,
                                                                                            device, eff)
@@ -106,6 +113,10 @@ def generation_breakdown(role: RoleWork, s: Strategy, workload: Workload, device
     steps = waves * response
     out = {"prefill": waves * prefill, "decode_latency": steps * latency,
            "bridge": bridge_time(m.weight_bytes, s.tp, s.pp, g, device, eff)}
+    if workload.rollout_offloads_weights and device.host_bytes_per_s > 0:
+        # Sleep after generating copies the shard to host memory, wake-up copies it back (then the bridge
+        # overwrites it); every GPU copies its own shard at once.
+        out["sleep_wake"] = 2 * m.weight_bytes / g / (device.host_bytes_per_s * eff.host_link_efficiency)
     if compute > weights + kv:
         out["decode_compute"] = steps * compute
     else:  # memory-bound: every step streams the weight shard and the batch's KV cache

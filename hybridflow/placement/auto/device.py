@@ -31,6 +31,7 @@ class DeviceSpec:
     hbm_bytes_per_s: float
     intra_bytes_per_s: float  # NVLink
     inter_bytes_per_s: float  # network between nodes
+    host_bytes_per_s: float = 0.0  # PCIe to host memory; 0 = a CPU "device" (nothing to copy)
 
     @property
     def world_size(self) -> int:
@@ -42,8 +43,13 @@ class DeviceSpec:
         return cls(nodes=c.nodes, gpus_per_node=c.gpus_per_node, nvlink_domain=c.nvlink_domain_size,
                    memory_bytes=c.gpu_memory_gib * GIB, peak_flops=c.bf16_tflops * 1e12,
                    hbm_bytes_per_s=c.hbm_tbps * 1e12, intra_bytes_per_s=c.intra_node_gbps * 1e9,
-                   inter_bytes_per_s=c.inter_node_gbps * 1e9)
+                   inter_bytes_per_s=c.inter_node_gbps * 1e9,
+                   host_bytes_per_s=HOST_LINK_BYTES_PER_S.get(c.gpu_type, 0.0))
 
+
+# PCIe link between one GPU and host memory, one direction (datasheets, SXM parts: A100 "PCIe Gen4 64 GB/s",
+# H100 and H200 "PCIe Gen5 128 GB/s", both directions together). The cluster config has no field for it.
+HOST_LINK_BYTES_PER_S: dict[str, float] = {"A100": 32e9, "H100": 64e9, "H200": 64e9}
 
 _ASSUMED = "assumed (not calibrated)"
 
@@ -58,6 +64,9 @@ class Efficiency:
     hbm_efficiency: float = 0.8  # share of HBM bandwidth a decode step streams at
     nvlink_efficiency: float = 0.7  # NCCL bus bandwidth / link bandwidth
     network_efficiency: float = 0.8
+    # One GPU's pinned-memory copy over its PCIe x16 link; GPUs that share a switch uplink to the CPU
+    # (two per switch on DGX A100) get less when they copy at the same time.
+    host_link_efficiency: float = 0.8
     nvlink_latency_s: float = 10e-6  # per collective call, small message
     network_latency_s: float = 30e-6
     decode_layer_overhead_s: float = 15e-6  # kernel launches per layer per decode step

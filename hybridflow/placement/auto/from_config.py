@@ -50,7 +50,8 @@ def workload_from_config(cfg: ExperimentConfig) -> Workload:
                     samples_per_prompt=cfg.rollout.n_samples_per_prompt,
                     prompt_length=cfg.data.max_prompt_length,
                     response_length=cfg.data.seq_length - cfg.data.max_prompt_length,
-                    mini_batch_size=cfg.algorithm.mini_batch_size, ppo_epochs=cfg.algorithm.ppo_epochs)
+                    mini_batch_size=cfg.algorithm.mini_batch_size, ppo_epochs=cfg.algorithm.ppo_epochs,
+                    rollout_offloads_weights=cfg.rollout.engine == "vllm" and cfg.rollout.sleep_level == 1)
 
 
 def rollout_dims(s: Strategy) -> Dims:

@@ -101,6 +101,9 @@ class Workload:
     response_length: int
     mini_batch_size: int  # samples per optimizer step
     ppo_epochs: int = 1
+    # The rollout copies its weight shard to host memory when it sleeps after generating and back when it
+    # wakes before the bridge writes new weights (vLLM sleep level 1); level 2 and the native engine do not.
+    rollout_offloads_weights: bool = False
 
     @property
     def samples(self) -> int:

@@ -7,7 +7,7 @@ import pytest
 
 from hybridflow.config.cluster import ClusterConfig
 from hybridflow.placement.auto.comm import allreduce_time, bridge_volume
-from hybridflow.placement.auto.cost_model import generation_time, inference_time, training_time
+from hybridflow.placement.auto.cost_model import generation_breakdown, generation_time, inference_time, training_time
 from hybridflow.placement.auto.device import DeviceSpec, Efficiency, efficiency_for, load_calibration
 from hybridflow.placement.auto.strategy import Strategy, strategies_for
 from hybridflow.placement.auto.workload import LLAMA_SHAPES, Workload, ppo_roles
@@ -113,3 +113,30 @@ def test_measured_figures_apply_only_to_their_gpu_type():
     assert h200.source("hbm_efficiency").startswith("measured") and h200.hbm_efficiency == 0.85
     assert h200.source("train_mfu").startswith("assumed")
     assert all(src.startswith("assumed") for _, _, src in efficiency_for("A100").report())
+
+
+def test_tiny_micro_batches_cost_at_least_their_weight_traffic():
+    m = LLAMA_SHAPES["7b"]
+    roles = ppo_roles(m, replace(m, head="value"), None)
+    short = Workload(roles, 64, 1, 16, 16, mini_batch_size=64)  # 32-token micro-batches: memory-bound
+    s = Strategy(1, 1, 1)
+    hbm = A100.hbm_bytes_per_s * EFF.hbm_efficiency
+    # Every micro-batch streams the weights (and for training the fp32 main grads) through HBM once.
+    assert inference_time(short.role("ref"), s, short, A100, EFF) == pytest.approx(64 * m.params * 2 / hbm)
+    train = training_time(short.role("actor"), s, short, A100, EFF)
+    adam = m.params * 32 / hbm
+    assert train == pytest.approx(64 * m.params * 12 / hbm + adam, rel=1e-9)
+
+
+def test_vllm_sleep_level_1_copies_the_rollout_shard_out_and_back_over_pcie():
+    wl = workload("13b", prompts=64)
+    actor = wl.role("actor")
+    s = Strategy(2, 1, 1, gen_tp=2)
+    kv = 40 * 2**30
+    stays = generation_breakdown(actor, s, wl, A100, EFF, kv)
+    sleeps = generation_breakdown(actor, s, replace(wl, rollout_offloads_weights=True), A100, EFF, kv)
+    assert "sleep_wake" not in stays
+    assert sleeps["sleep_wake"] == pytest.approx(2 * actor.model.weight_bytes / 2 / (32e9 * EFF.host_link_efficiency))
+    cpu = DeviceSpec.from_cluster(ClusterConfig(nodes=1, gpus_per_node=4, gpu_type="cpu"))
+    assert "sleep_wake" not in generation_breakdown(actor, s, replace(wl, rollout_offloads_weights=True), cpu,
+                                                    EFF, kv)
