@@ -312,6 +312,10 @@ def build_gpt(
             _mask_padded_vocab(model, shape.vocab_size)
         else:
             model.output_layer = ScalarHead(config, pg_collection.tp)
+    if dtype != torch.float32:
+        # megatron builds torch norms in fp32 even with params_dtype=bf16 (its training loop's Float16Module
+        # casts them later); cast here so inference-only roles run fused bf16 norms like trained ones.
+        model.to(dtype=dtype)
     if not config.use_cpu_initialization:
         # megatron allocates TP layers on the GPU but plain torch modules (RMSNorm of the local spec) on
         # the CPU; megatron's own training loop moves the model afterwards, so do the same here.

@@ -88,9 +88,12 @@ class ModelRole:
         return slice(self.dp_rank * per_replica, (self.dp_rank + 1) * per_replica)
 
     def micro_batches(self, tensors: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+        """This replica's rows cut into micro-batches on the compute device (the step's batch lives on CPU)."""
+        device = compute_device()
         rows = next(iter(tensors.values())).shape[0]
         size = min(self.micro_batch_size, rows)
-        return [{k: v[i : i + size] for k, v in tensors.items()} for i in range(0, rows, size)]
+        return [{k: v[i : i + size].to(device, non_blocking=True) for k, v in tensors.items()}
+                for i in range(0, rows, size)]
 
     @torch.no_grad()
     def forward(self, tensors: dict[str, torch.Tensor], per_token: PerToken) -> torch.Tensor:
