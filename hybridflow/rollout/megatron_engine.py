@@ -17,6 +17,10 @@ from megatron.core.inference.contexts import StaticInferenceContext
 from hybridflow.rollout.base import RolloutBatch, SamplingParams
 from hybridflow.rollout.sampling import sample_next
 
+# Reading `done` on the host synchronises with the device; on a GPU checking every few steps lets the host
+# queue the next steps' kernels meanwhile (steps after every row is done write only padding).
+GPU_DONE_CHECK_EVERY = 8
+
 
 class MegatronRolloutEngine:
     """Generates with `model` (a GPTModel, PP=1) whose tensor-parallel group is `tp_group`.
@@ -45,18 +49,15 @@ class MegatronRolloutEngine:
         generator = torch.Generator(device=device).manual_seed(sampling.seed)
 
         positions = torch.arange(total, device=device).unsqueeze(0).expand(bsz, total)
-        causal_masked = torch.ones(total, total, dtype=torch.bool, device=device).triu(1)[None, None]
         context = StaticInferenceContext(max_batch_size=bsz, max_sequence_length=total)
         self.model.eval()
 
         start, end = 0, int(prompt_lens.min())
-        while end < total and not bool(done.all()):
-            logits = self.model(
-                tokens[:, start:end],
-                positions[:, start:end],
-                causal_masked[..., start:end, :end],
-                inference_context=context,
-            )
+        # No mask tensor: the first chunk is plain causal (the kernel's is_causal path) and every later step
+        # is one query over the whole cache (megatron switches decode to no_mask), so fused kernels apply.
+        check_every = 1 if device.type == "cpu" else GPU_DONE_CHECK_EVERY
+        while end < total and not (end % check_every == 0 and bool(done.all())):
+            logits = self.model(tokens[:, start:end], positions[:, start:end], None, inference_context=context)
             context.increment_sequence_len_offset(end - start)
             next_tok, next_logp = self._sample(logits[:, -1, :], sampling, generator)
 

@@ -1,0 +1,80 @@
+"""The native rollout engine against Hugging Face transformers: greedy tokens equal HF's `generate`, the
+sampled tokens' log-probs equal HF's log-softmax, at TP 1 and TP 2 (gloo), with prompts of different
+lengths in one batch and a stop token."""
+
+import pytest
+import torch
+
+from hybridflow.rollout.base import RolloutBatch, SamplingParams
+from tests.distributed_harness import run_distributed
+from tests.megatron_adapters.tiny_hf_models import save_tiny_model
+
+PROMPTS = ([5, 9, 13, 2, 7], [3, 4], [11, 12, 6])
+NEW = 6
+
+
+def _prompt_batch(width: int) -> RolloutBatch:
+    tokens = torch.zeros(len(PROMPTS), width, dtype=torch.long)
+    for row, p in enumerate(PROMPTS):
+        tokens[row, : len(p)] = torch.tensor(p)
+    return RolloutBatch(tokens, torch.tensor([len(p) for p in PROMPTS]))
+
+
+def _generate(hf_dir: str, tp: int, sampling: SamplingParams):
+    from hybridflow.rollout.megatron_engine import MegatronRolloutEngine
+    from megatron_adapters.hf_safetensors import load_hf_weights
+    from megatron_adapters.model import build_gpt, model_shape
+    from megatron_adapters.process_groups import build_role_groups
+
+    pgs = build_role_groups(list(range(tp)), tp=tp, pp=1, dp=1)
+    model = build_gpt(hf_dir, pgs)
+    load_hf_weights(model, hf_dir)
+    engine = MegatronRolloutEngine(model, pgs.tp, model_shape(hf_dir).vocab_size)
+    out = engine.generate(_prompt_batch(max(map(len, PROMPTS)) + NEW), sampling)
+    return out.tokens, out.response_mask, out.logprobs
+
+
+@pytest.fixture(scope="module")
+def hf_model(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny_llama")
+    return str(path), save_tiny_model("llama", path, seed=3)
+
+
+def _hf_logprobs(hf, tokens: torch.Tensor, start: int, stop: int, temperature: float = 1.0) -> torch.Tensor:
+    with torch.no_grad():
+        logits = hf(tokens[None, :stop]).logits[0].float() / temperature
+    return torch.log_softmax(logits, -1)[start - 1 : stop - 1].gather(-1, tokens[start:stop, None])[:, 0]
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_greedy_tokens_and_logprobs_match_hf(hf_model, tp):
+    hf_dir, hf = hf_model
+    sampling = SamplingParams(max_new_tokens=NEW, temperature=0.0)
+    tokens, mask, logprobs = run_distributed(_generate, world_size=tp, args=(hf_dir, tp, sampling))[0]
+    for row, prompt in enumerate(PROMPTS):
+        p = len(prompt)
+        want = hf.generate(torch.tensor([prompt]), max_new_tokens=NEW, do_sample=False, eos_token_id=None,
+                           pad_token_id=0)[0]
+        assert tokens[row, : p + NEW].tolist() == want.tolist()
+        assert mask[row].tolist() == [0] * p + [1] * NEW + [0] * (tokens.shape[1] - p - NEW)
+        torch.testing.assert_close(logprobs[row, p : p + NEW], _hf_logprobs(hf, tokens[row], p, p + NEW),
+                                   atol=1e-4, rtol=0)
+
+
+def test_sampling_stops_at_stop_token_and_logprobs_match_hf(hf_model):
+    hf_dir, hf = hf_model
+    greedy = run_distributed(_generate, world_size=1,
+                             args=(hf_dir, 1, SamplingParams(max_new_tokens=NEW, temperature=0.0)))[0][0]
+    stop = int(greedy[0, len(PROMPTS[0]) + 1])  # row 0's second greedy token becomes a stop token
+    sampling = SamplingParams(max_new_tokens=NEW, temperature=0.0, stop_token_ids=(stop,), pad_token_id=0)
+    tokens, mask, _ = run_distributed(_generate, world_size=1, args=(hf_dir, 1, sampling))[0]
+    p = len(PROMPTS[0])
+    assert mask[0].tolist()[: p + 3] == [0] * p + [1, 1, 0]  # the stop token is kept, nothing after it
+    assert tokens[0, p + 2 :].eq(0).all()
+
+    hot = SamplingParams(max_new_tokens=NEW, temperature=0.7, seed=5)
+    tokens, mask, logprobs = run_distributed(_generate, world_size=1, args=(hf_dir, 1, hot))[0]
+    for row, prompt in enumerate(PROMPTS):
+        p = len(prompt)
+        torch.testing.assert_close(logprobs[row, p : p + NEW],
+                                   _hf_logprobs(hf, tokens[row], p, p + NEW, temperature=0.7), atol=1e-4, rtol=0)
