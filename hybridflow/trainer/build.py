@@ -26,7 +26,7 @@ from hybridflow.roles.rollout_role import build_rollout_role
 from hybridflow.rollout.base import SamplingParams
 from hybridflow.rollout.vllm_engine import VllmEngineSpec
 from hybridflow.trainer.model_files import ensure_model_files
-from hybridflow.trainer.rewarding import build_score_fn
+from hybridflow.trainer.rewarding import build_scorer
 from hybridflow.trainer.rl_trainer import RLTrainer
 from megatron_adapters.cpu_backend import compute_device
 
@@ -88,7 +88,7 @@ def build_run(cfg: ExperimentConfig, plan: Plan, work_dir: Path) -> BuiltRun:
     alg = cfg.algorithm
     trainer = RLTrainer(
         cfg=cfg, roles=roles, meshes=meshes, rollout=rollout,
-        score_fn=build_score_fn(cfg, tokenizer, roles.get("reward"), meshes.get("reward"), device),
+        scorer=build_scorer(cfg, tokenizer, roles.get("reward"), meshes.get("reward"), device),
         kl_ctl=build_kl_controller(alg.kl_controller, alg.kl_coef, alg.kl_target, alg.kl_horizon),
         estimator=build_advantage_estimator(alg.name, gamma=alg.gamma, lam=alg.lam, whiten=alg.whiten_advantages,
                                             group_size=cfg.rollout.n_samples_per_prompt),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -21,25 +22,37 @@ def rule_inputs(tokenizer, batch: StepBatch):
     return reward_inputs(tokenizer, batch.tokens, prompt_mask, batch.tokens, batch.response_mask, batch.rows)
 
 
-def build_score_fn(
+@dataclass
+class Scorer:
+    """Scores [B] in two halves, so that a reward model on its own ranks overlaps the other roles' stages:
+    `local` computes what this rank can (the whole batch for a rule; its replica's rows on reward-model
+    ranks, None elsewhere) and `share` later makes the full [B] scores the same on every rank."""
+
+    local: Callable[[StepBatch], torch.Tensor | None]
+    share: Callable[[torch.Tensor | None, StepBatch], torch.Tensor]
+
+
+def build_scorer(
     cfg: ExperimentConfig, tokenizer, reward_role: ModelRole | None, reward_mesh: RoleMesh | None,
     device: torch.device,
-) -> Callable[[StepBatch], torch.Tensor]:
-    """Scores [B] for a batch, the same on every rank."""
+) -> Scorer:
+    """The rule-based function named by `reward.fn`, or the reward model's scalar head."""
     if not cfg.reward.use_model:
         fn = resolve_reward_fn(cfg.reward.fn, cfg.data.source)
-        return lambda batch: compute_scores(fn, rule_inputs(tokenizer, batch))
+        return Scorer(lambda batch: compute_scores(fn, rule_inputs(tokenizer, batch)), lambda local, batch: local)
 
-    def model_scores(batch: StepBatch) -> torch.Tensor:
+    def model_scores(batch: StepBatch) -> torch.Tensor | None:
         # The reward head's output at each sequence's last response token is its score.
-        local = None
-        if reward_role is not None:
-            rows = reward_role.local_rows(batch.size)
-            out = reward_role.forward(batch.tensors(rows=rows), lambda logits, mb: logits[..., 0].float())
-            local = _at_last_response_token(out, batch.response_mask[rows])[:, None]
+        if reward_role is None:
+            return None
+        rows = reward_role.local_rows(batch.size)
+        out = reward_role.forward(batch.tensors(rows=rows), lambda logits, mb: logits[..., 0].float())
+        return _at_last_response_token(out, batch.response_mask[rows])[:, None]
+
+    def share(local: torch.Tensor | None, batch: StepBatch) -> torch.Tensor:
         return share_from_role(local, reward_mesh, batch.size, (1,), torch.float32, device).cpu()[:, 0]
 
-    return model_scores
+    return Scorer(model_scores, share)
 
 
 def _at_last_response_token(per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

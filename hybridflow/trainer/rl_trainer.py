@@ -6,7 +6,7 @@ and ends with its results shared to every rank (`share`), so roles on disjoint r
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -27,6 +27,7 @@ from hybridflow.config import ExperimentConfig
 from hybridflow.roles.exchange import share_from_role
 from hybridflow.roles.model_role import ModelRole, per_token_logprobs, per_token_values
 from hybridflow.trainer.batch import StepBatch
+from hybridflow.trainer.rewarding import Scorer
 
 
 class ParityError(RuntimeError):
@@ -54,7 +55,7 @@ class RLTrainer:
     roles: dict[str, ModelRole]  # the model roles this rank holds (actor, critic, ref, reward)
     meshes: dict  # every enabled role's RoleMesh (also for roles this rank does not hold)
     rollout: object  # hybridflow.roles.rollout_role.RolloutRole
-    score_fn: Callable[[StepBatch], torch.Tensor]
+    scorer: Scorer
     kl_ctl: object
     estimator: object
     device: torch.device
@@ -65,7 +66,7 @@ class RLTrainer:
         with timer("generate"):
             self.rollout.generate(batch)
         with timer("reward"):
-            batch.scores = self.score_fn(batch)
+            scores = self.scorer.local(batch)
         temperature = self.cfg.rollout.temperature or 1.0
         with timer("ref"):
             ref = self._infer("ref", batch, lambda r: per_token_logprobs(r, temperature))
@@ -74,6 +75,7 @@ class RLTrainer:
         with timer("old_logprobs"):
             old = self._infer("actor", batch, lambda r: per_token_logprobs(r, temperature))
         with timer("exchange"):
+            batch.scores = self.scorer.share(scores, batch)
             batch.old_logprobs = self.share("actor", old, batch)
             batch.ref_logprobs = self.share("ref", ref, batch) if "ref" in self.meshes else None
             batch.values = self.share("critic", values, batch) if "critic" in self.meshes else None
