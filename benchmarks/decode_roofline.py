@@ -1,0 +1,170 @@
+"""Native rollout decode throughput against the HBM-bandwidth roofline.
+
+    python -m benchmarks.decode_roofline                        # Llama-3.2-1B shape, bf16, one GPU
+    python -m benchmarks.decode_roofline --batches 64,256 --prompt 128 --new-tokens 512 --json out.json
+    python -m benchmarks.decode_roofline --quick                # tiny model, CPU smoke test
+
+Decode time = generate(N new tokens) - generate(1 new token) (prefill and the first sample cancel), so the
+N - 1 decode steps are measured alone. The roofline of a decode step at context length c reads every weight
+once and the KV cache of every row once: bytes(c) = weight_bytes + B * c * kv_bytes_per_token, with
+kv_bytes_per_token = 2 (K, V) * layers * kv_heads * head_dim * dtype bytes. roofline seconds = sum over the
+decode steps of bytes(c) / bandwidth, the bandwidth being one large device copy measured here (read + write).
+Ratio = roofline seconds / measured seconds (1.0 = at the HBM roofline).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import torch
+import torch.distributed as dist
+from transformers import LlamaConfig
+
+from benchmarks.actor_mfu import FULL, QUICK
+from hybridflow.rollout.base import RolloutBatch, SamplingParams
+from hybridflow.rollout.megatron_engine import MegatronRolloutEngine
+from megatron_adapters.cpu_backend import enable_cpu_backend
+from megatron_adapters.model import build_gpt
+from megatron_adapters.process_groups import build_role_groups, seed_role_rng
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny model, few tokens (CPU smoke test)")
+    parser.add_argument("--batches", default=None, help="comma-separated batch sizes (default 64,256)")
+    parser.add_argument("--prompt", type=int, default=None, help="prompt tokens per row (default 128)")
+    parser.add_argument("--new-tokens", type=int, default=None, help="tokens sampled per row (default 512)")
+    parser.add_argument("--repeats", type=int, default=2, help="timed generate pairs per batch (best kept)")
+    parser.add_argument("--json", default=None, help="also write the result as JSON here")
+    parser.add_argument("--profile", default=None, help="write a torch.profiler op table of one generate here")
+    return parser.parse_args(argv)
+
+
+def decode_roofline_seconds(weight_bytes: int, kv_bytes_per_token: int, batch: int, prompt: int,
+                            new_tokens: int, bandwidth: float) -> float:
+    """Seconds to stream weights + the KV cache once per decode step, for steps 2..new_tokens."""
+    # Step j (1-based) attends over prompt + j - 1 cached tokens plus itself; step 1 is prefill's sample.
+    contexts = sum(prompt + j for j in range(1, new_tokens))
+    return ((new_tokens - 1) * weight_bytes + batch * contexts * kv_bytes_per_token) / bandwidth
+
+
+def _copy_bandwidth(device: torch.device, nbytes: int = 2**31) -> float:
+    """Bytes read + written per second by one large device-to-device copy."""
+    a = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device)
+    b = torch.empty_like(a)
+    b.copy_(a)
+    _sync(device)
+    start = time.perf_counter()
+    for _ in range(5):
+        b.copy_(a)
+    _sync(device)
+    return 2 * a.numel() * a.element_size() * 5 / (time.perf_counter() - start)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _init_single_process() -> torch.device:
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29534")
+    cuda = torch.cuda.is_available()
+    dist.init_process_group("nccl" if cuda else "gloo", rank=0, world_size=1)
+    if cuda:
+        torch.cuda.set_device(0)
+        return torch.device("cuda", 0)
+    enable_cpu_backend()
+    return torch.device("cpu")
+
+
+def _timed_generate(engine, batch: RolloutBatch, new_tokens: int, device: torch.device) -> float:
+    sampling = SamplingParams(max_new_tokens=new_tokens, seed=0)
+    _sync(device)
+    start = time.perf_counter()
+    engine.generate(batch, sampling)
+    _sync(device)
+    return time.perf_counter() - start
+
+
+def _profile(engine, batch: RolloutBatch, new_tokens: int, device: torch.device, path: str) -> None:
+    """Where a decode step's time goes: ops by host time (launch overhead) and by device time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        _timed_generate(engine, batch, new_tokens, device)
+    table = prof.key_averages()
+    with open(path, "w") as f:
+        f.write(table.table(sort_by="self_cpu_time_total", row_limit=40))
+        if device.type == "cuda":
+            f.write(table.table(sort_by="self_cuda_time_total", row_limit=25))
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    device = _init_single_process()
+    on_gpu = device.type == "cuda"
+    batches = [int(b) for b in (args.batches or ("2" if args.quick else "64,256")).split(",")]
+    prompt = args.prompt or (8 if args.quick else 128)
+    new_tokens = args.new_tokens or (8 if args.quick else 512)
+    dims = QUICK if args.quick else FULL
+    cfg = LlamaConfig(**dims, max_position_embeddings=prompt + new_tokens, rope_theta=500000.0,
+                      tie_word_embeddings=True, architectures=["LlamaForCausalLM"])
+    pg = build_role_groups([0], tp=1, pp=1, dp=1)
+    seed_role_rng(1234, pg)
+    dtype = torch.bfloat16 if on_gpu else torch.float32
+    model = build_gpt(cfg, pg, dtype=dtype)
+    engine = MegatronRolloutEngine(model, pg.tp, cfg.vocab_size)
+
+    elem = torch.finfo(dtype).bits // 8
+    weight_bytes = sum(p.numel() for p in model.parameters()) * elem
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    kv_bytes_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * elem
+    bandwidth = _copy_bandwidth(device, 2**31 if on_gpu else 2**24)
+    rows = []
+    for bsz in batches:
+        ids = torch.randint(0, cfg.vocab_size, (bsz, prompt + new_tokens), device=device)
+        batch = RolloutBatch(ids, torch.full((bsz,), prompt, dtype=torch.long))
+        _timed_generate(engine, batch, 2, device)  # warm-up: kernels, allocator
+        full = min(_timed_generate(engine, batch, new_tokens, device) for _ in range(args.repeats))
+        first = min(_timed_generate(engine, batch, 1, device) for _ in range(args.repeats))
+        decode_s = full - first
+        roof_s = decode_roofline_seconds(weight_bytes, kv_bytes_per_token, bsz, prompt, new_tokens, bandwidth)
+        rows.append({
+            "batch": bsz,
+            "generate_s": full,
+            "prefill_s": first,
+            "decode_s": decode_s,
+            "decode_ms_per_step": 1e3 * decode_s / (new_tokens - 1),
+            "decode_tokens_per_s": bsz * (new_tokens - 1) / decode_s,
+            "roofline_s": roof_s,
+            "fraction_of_roofline": roof_s / decode_s,
+        })
+        print(json.dumps(rows[-1]), flush=True)
+        if args.profile:
+            _profile(engine, batch, min(new_tokens, 32), device, f"{args.profile}.b{bsz}.txt")
+    result = {
+        "device": torch.cuda.get_device_name(0) if on_gpu else "cpu",
+        "dtype": str(dtype).removeprefix("torch."),
+        "params": weight_bytes // elem,
+        "weight_bytes": weight_bytes,
+        "kv_bytes_per_token": kv_bytes_per_token,
+        "copy_bandwidth_tbps": bandwidth / 1e12,
+        "prompt": prompt,
+        "new_tokens": new_tokens,
+        "rows": rows,
+    }
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+    print(json.dumps(result, indent=2))
+    dist.destroy_process_group()
+    return result
+
+
+if __name__ == "__main__":
+    main()

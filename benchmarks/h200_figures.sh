@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The single-GPU figures of benchmarks/README.md, in one go on a GPU machine that has torch + transformers.
+#   benchmarks/h200_figures.sh OUT_DIR [STAGE ...]      stages: gpu-tests decode throughput trl (default: all)
+# Pure-Python dependencies the machine lacks (megatron-core, hydra-core, omegaconf, antlr4; trl, datasets, dill,
+# multiprocess for the trl stage) are installed from wheels in .whl/ (and .carry/trl/) when present.
+# Each stage has its own time limit, logs to OUT_DIR/<stage>.log, and a failing stage does not stop the next.
+set -uo pipefail
+
+out="${1:?usage: benchmarks/h200_figures.sh OUT_DIR [STAGE ...]}"
+shift
+stages=("$@")
+[ ${#stages[@]} -eq 0 ] && stages=(gpu-tests decode throughput trl)
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+mkdir -p "$out"
+cd "$repo" || exit 1
+
+wheels=(.whl/*.whl)
+[[ " ${stages[*]} " == *" trl "* ]] && wheels+=(.carry/trl/*.whl)
+if compgen -G ".whl/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        "${wheels[@]}" || exit 1
+    export PYTHONPATH="/tmp/site:$repo${PYTHONPATH:+:$PYTHONPATH}"
+else
+    export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >"$out/device.txt" 2>&1
+
+stage() {  # stage NAME SECONDS COMMAND...
+    local name="$1" limit="$2"
+    shift 2
+    local start=$SECONDS
+    echo "== $name (limit ${limit}s): $*"
+    timeout --signal=TERM --kill-after=15 "$limit" "$@" >"$out/$name.log" 2>&1
+    local rc=$?
+    echo "== $name: rc=$rc in $((SECONDS - start))s"
+    tail -n 5 "$out/$name.log"
+}
+
+work=/tmp/h200_figures
+rm -rf "$work" && mkdir -p "$work"
+for s in "${stages[@]}"; do
+    case "$s" in
+    gpu-tests)
+        stage gpu-tests "${GPU_TESTS_S:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider ${GPU_TESTS:-tests} ;;
+    decode)
+        # shellcheck disable=SC2086  # DECODE_ARGS is a list of flags
+        stage decode "${DECODE_S:-150}" python3 -m benchmarks.decode_roofline \
+            ${DECODE_ARGS:---batches 64,256 --prompt 128 --new-tokens 512} --json "$out/decode_roofline.json" ;;
+    throughput)
+        stage throughput "${THROUGHPUT_S:-330}" python3 -m benchmarks.throughput +experiment=ppo_llama_1b_h200 \
+            trainer.parity_max_abs="${PARITY_MAX_ABS:-2.0}" --placements colocated --warmup-steps 1 --steps 3 \
+            --out "$work/throughput"
+        rm -rf "$work"/throughput/*/checkpoints "$work"/throughput/*/final_hf "$work"/throughput/*/init_model ;;
+    trl)
+        stage trl "${TRL_S:-420}" python3 -m benchmarks.trl_compare --out "$work/trl" \
+            -- trainer.parity_max_abs="${PARITY_MAX_ABS:-2.0}"
+        rm -rf "$work"/trl/model "$work"/trl/hybridflow/checkpoints "$work"/trl/hybridflow/final_hf ;;
+    *) echo "unknown stage $s (use gpu-tests, decode, throughput, trl)" >&2 ;;
+    esac
+done
+# Everything small the stages wrote (tables, JSON, PNG, metrics, logs) in one archive.
+tar -czf "$out/results.tar.gz" -C "$work" --exclude='*.safetensors' --exclude='*.distcp' --exclude='tensorboard' .
+ls -la "$out"
