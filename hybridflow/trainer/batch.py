@@ -31,6 +31,16 @@ class StepBatch:
     def size(self) -> int:
         return self.tokens.shape[0]
 
+    def trim_columns(self, multiple: int, max_len: int) -> None:
+        """Drop the all-padding columns after the longest sample (prompt + response), keeping the width a
+        multiple of `multiple` (at most `max_len`): training and inference then run on real tokens, not on
+        the room reserved for prompts and responses that turned out shorter."""
+        used = int((self.prompt_lens + self.response_mask.sum(1)).max())
+        width = min(max_len, -(-used // multiple) * multiple, self.tokens.shape[1])
+        self.tokens = self.tokens[:, :width]
+        self.response_mask = self.response_mask[:, :width]
+        self.rollout_logprobs = self.rollout_logprobs[:, :width]
+
     def tensors(self, *names: str, rows: slice | torch.Tensor = slice(None)) -> dict[str, torch.Tensor]:
         """Named tensors (tokens as `input_ids`) restricted to `rows`, for a role's micro-batches."""
         out = {"input_ids": self.tokens[rows]}

@@ -49,6 +49,11 @@ class StageTimer:
         self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - start
 
 
+# Training width is rounded up to this many columns: divisible by any TP degree (sequence parallelism
+# splits the sequence over TP) and a friendly size for the kernels.
+TRIM_MULTIPLE = 64
+
+
 @dataclass
 class RLTrainer:
     cfg: ExperimentConfig
@@ -65,6 +70,7 @@ class RLTrainer:
         timer = StageTimer()
         with timer("generate"):
             self.rollout.generate(batch)
+            batch.trim_columns(TRIM_MULTIPLE, self.cfg.data.seq_length)
         with timer("reward"):
             scores = self.scorer.local(batch)
         temperature = self.cfg.rollout.temperature or 1.0
@@ -193,12 +199,24 @@ class RLTrainer:
             "reward/mean": float(batch.scores.mean()), "reward/std": float(batch.scores.std()),
             "kl": kl, "kl_coef": float(self.kl_ctl.value), "response_length": float(lengths.mean()),
             "tokens_per_s": tokens / step_time, "tokens_per_s_per_gpu": tokens / step_time / world,
-            "step_time_s": step_time, **parity, **metrics,
+            "step_time_s": step_time, **parity, **_from_every_rank(metrics),
             **{f"time/{k}": v for k, v in timer.seconds.items()},
         }
         if torch.cuda.is_available():
             out["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
         return out
+
+
+def _from_every_rank(role_metrics: dict[str, float]) -> dict[str, float]:
+    """The role metrics of every rank, merged: in a split placement the rank that logs (global rank 0) does
+    not hold every role, and each role's ranks already agree on its figures (DP-averaged)."""
+    parts: list[dict[str, float] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, role_metrics)
+    merged: dict[str, float] = {}
+    for part in parts:
+        for key, value in part.items():
+            merged.setdefault(key, value)
+    return dict(sorted(merged.items()))
 
 
 def _mean_loss(out) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

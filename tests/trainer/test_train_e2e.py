@@ -36,6 +36,7 @@ def test_ppo_reward_rises(tmp_path, placement):
     first, last = _rise(records, 5)
     assert last > first + 0.15, (first, last)
     assert all(r["parity/max_abs"] <= 1e-4 for r in records)
+    assert all("critic/vf_loss" in r and "actor/pg_loss" in r for r in records)  # split: rank 0 lacks the critic
     assert (tmp_path / "reward_kl.png").stat().st_size > 0
     assert (tmp_path / "final_hf" / "config.json").exists()
 

@@ -1,0 +1,30 @@
+"""StepBatch.trim_columns: padding-only columns go, every real token stays."""
+
+import torch
+
+from hybridflow.trainer.batch import StepBatch
+
+
+def _batch(prompt_lens, response_lens, width):
+    tokens = torch.zeros(len(prompt_lens), width, dtype=torch.long)
+    mask = torch.zeros_like(tokens)
+    for row, (p, r) in enumerate(zip(prompt_lens, response_lens, strict=True)):
+        tokens[row, : p + r] = torch.arange(1, p + r + 1)
+        mask[row, p : p + r] = 1
+    return StepBatch(rows=[{}] * len(prompt_lens), tokens=tokens, prompt_lens=torch.tensor(prompt_lens),
+                     response_mask=mask, rollout_logprobs=-mask.float())
+
+
+def test_trim_keeps_the_longest_sample_rounded_up_to_the_multiple():
+    batch = _batch([3, 10], [5, 60], width=200)  # the longest sample uses 70 columns
+    before = batch.tokens.clone()
+    batch.trim_columns(multiple=64, max_len=200)
+    assert batch.tokens.shape == batch.response_mask.shape == batch.rollout_logprobs.shape == (2, 128)
+    assert torch.equal(batch.tokens, before[:, :128])
+    assert int(batch.response_mask.sum()) == 65
+
+
+def test_trim_never_grows_past_the_configured_length():
+    batch = _batch([3], [90], width=100)
+    batch.trim_columns(multiple=64, max_len=100)
+    assert batch.tokens.shape[1] == 100
