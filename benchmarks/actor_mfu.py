@@ -71,9 +71,10 @@ def model_flops_per_token(cfg: LlamaConfig, seq: int) -> float:
     return 6 * matmul_params + 12 * L * seq * cfg.num_attention_heads * d
 
 
-def _init_single_process() -> torch.device:
+def init_single_process(port: int = 29533) -> torch.device:
+    """A one-rank world (nccl on GPU 0, else gloo + the CPU backend); returns the device to compute on."""
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29533")
+    os.environ.setdefault("MASTER_PORT", str(port))
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     cuda = torch.cuda.is_available()
     dist.init_process_group("nccl" if cuda else "gloo", rank=0, world_size=1)
@@ -86,7 +87,7 @@ def _init_single_process() -> torch.device:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    device = _init_single_process()
+    device = init_single_process()
     on_gpu = device.type == "cuda"
     seq = args.seq or (64 if args.quick else 2048)
     batch = args.micro_batch or (2 if args.quick else 4)

@@ -16,17 +16,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 
 import torch
 import torch.distributed as dist
 from transformers import LlamaConfig
 
-from benchmarks.actor_mfu import FULL, QUICK
+from benchmarks.actor_mfu import FULL, QUICK, init_single_process
+from benchmarks.reshard import copy_bandwidth
 from hybridflow.rollout.base import RolloutBatch, SamplingParams
 from hybridflow.rollout.megatron_engine import MegatronRolloutEngine
-from megatron_adapters.cpu_backend import enable_cpu_backend
 from megatron_adapters.model import build_gpt
 from megatron_adapters.process_groups import build_role_groups, seed_role_rng
 
@@ -51,34 +50,9 @@ def decode_roofline_seconds(weight_bytes: int, kv_bytes_per_token: int, batch: i
     return ((new_tokens - 1) * weight_bytes + batch * contexts * kv_bytes_per_token) / bandwidth
 
 
-def _copy_bandwidth(device: torch.device, nbytes: int = 2**31) -> float:
-    """Bytes read + written per second by one large device-to-device copy."""
-    a = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device)
-    b = torch.empty_like(a)
-    b.copy_(a)
-    _sync(device)
-    start = time.perf_counter()
-    for _ in range(5):
-        b.copy_(a)
-    _sync(device)
-    return 2 * a.numel() * a.element_size() * 5 / (time.perf_counter() - start)
-
-
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def _init_single_process() -> torch.device:
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29534")
-    cuda = torch.cuda.is_available()
-    dist.init_process_group("nccl" if cuda else "gloo", rank=0, world_size=1)
-    if cuda:
-        torch.cuda.set_device(0)
-        return torch.device("cuda", 0)
-    enable_cpu_backend()
-    return torch.device("cpu")
 
 
 def _timed_generate(engine, batch: RolloutBatch, new_tokens: int, device: torch.device) -> float:
@@ -106,7 +80,7 @@ def _profile(engine, batch: RolloutBatch, new_tokens: int, device: torch.device,
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    device = _init_single_process()
+    device = init_single_process(port=29534)
     on_gpu = device.type == "cuda"
     batches = [int(b) for b in (args.batches or ("2" if args.quick else "64,256")).split(",")]
     prompt = args.prompt or (8 if args.quick else 128)
@@ -124,7 +98,7 @@ def main(argv=None) -> dict:
     weight_bytes = sum(p.numel() for p in model.parameters()) * elem
     head_dim = cfg.hidden_size // cfg.num_attention_heads
     kv_bytes_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * elem
-    bandwidth = _copy_bandwidth(device, 2**31 if on_gpu else 2**24)
+    bandwidth = copy_bandwidth(device, 2**31 if on_gpu else 2**24)
     rows = []
     for bsz in batches:
         ids = torch.randint(0, cfg.vocab_size, (bsz, prompt + new_tokens), device=device)

@@ -57,7 +57,7 @@ def _init_distributed(device: torch.device) -> None:
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
 
 
-def _copy_bandwidth(device: torch.device, nbytes: int) -> float:
+def copy_bandwidth(device: torch.device, nbytes: int) -> float:
     """Bytes read + written per second by one large device-to-device copy."""
     a = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device)
     b = torch.empty_like(a)
@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> dict:
         _, stats = bridge.reshard(src, dst)
         times.append(stats.seconds)
         received = stats.bytes_received
-    bandwidth = _copy_bandwidth(device, min(2 << 30, max(dst_bytes, 1 << 20)))
+    bandwidth = copy_bandwidth(device, min(2 << 30, max(dst_bytes, 1 << 20)))
     best = min(times)
     floor_s = (src_bytes + dst_bytes) / bandwidth
     nominal_floor_s = (src_bytes + dst_bytes) / (args.nominal_tbps * 1e12)
