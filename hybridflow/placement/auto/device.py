@@ -4,7 +4,8 @@ Peak figures come from the cluster config (`hybridflow.config.cluster.GPU_DEFAUL
 datasheet values); the `Efficiency` factors turn peaks into achievable rates. `Efficiency.sources` says per
 figure whether it is assumed or measured; `Efficiency.calibrated(...)` / `load_calibration(path)` are the
 hooks that replace a figure with a measured one and record where it came from (e.g. a benchmarks/results/
-file). Measured so far: only H200 HBM streaming (`MEASURED`); every other figure is an assumption.
+file). Measured so far (`MEASURED`, H200 only): HBM streaming and the native rollout's host-bound decode step
+(`NATIVE_DECODE_HOST_S_PER_LAYER`); every other figure is an assumption.
 """
 
 from __future__ import annotations
@@ -53,6 +54,20 @@ HOST_LINK_BYTES_PER_S: dict[str, float] = {"A100": 32e9, "H100": 64e9, "H200": 6
 
 _ASSUMED = "assumed (not calibrated)"
 
+# Host time of one native-rollout forward (rollout.engine=megatron: an eager megatron-core GPTModel forward
+# per decode step, no CUDA graph) per transformer layer, measured as a per-decode-step floor.
+# Calibrated 2026-12-02 on one H200 (its host; TP 1) from
+# benchmarks/results/decode_roofline_h200_20261202/with_mask_batch64_256.json: Llama-3.2-1B shape (16 layers),
+# prompt 128, 512 new tokens, decode_ms_per_step 23.12 at batch 64 and 23.35 at batch 256. Four times the
+# rows (device work per step 0.8 -> 1.4 ms at the HBM rate) left the step where it was: the step is
+# host-bound, and the device's work runs under the host's kernel launches (no_mask_profile_batch64.txt, the
+# mask-free variant under torch.profiler: ~590 launches, ~27 ms host vs 4.6 ms device per step). Mean
+# 23.24 ms / 16 layers = 1.45 ms per layer; it covers the whole step (embedding, output layer and sampling
+# included), spread over the layers. Cross-check: benchmarks/results/ppo_llama_1b_h200_20261202/
+# colocated.json, generate 25.56 s for ~1030 decode steps (24.8 ms per step) at batch 64. Other GPU types
+# (other hosts) get the same value as an assumption (`MEASURED` marks it measured on H200 only).
+NATIVE_DECODE_HOST_S_PER_LAYER = 1.45e-3
+
 
 @dataclass(frozen=True)
 class Efficiency:
@@ -69,7 +84,11 @@ class Efficiency:
     host_link_efficiency: float = 0.8
     nvlink_latency_s: float = 10e-6  # per collective call, small message
     network_latency_s: float = 30e-6
-    decode_layer_overhead_s: float = 15e-6  # kernel launches per layer per decode step
+    # vLLM (CUDA graphs): kernel launches per layer per decode step. Not calibrated here: no vLLM decode on
+    # this repo's machines has been timed, so vLLM has no measured host floor.
+    decode_layer_overhead_s: float = 15e-6
+    # The native (eager) rollout's host floor per layer of a forward; see NATIVE_DECODE_HOST_S_PER_LAYER.
+    native_decode_host_s_per_layer: float = NATIVE_DECODE_HOST_S_PER_LAYER
     # Share of the data-parallel gradient sync hidden under backward compute (Megatron overlap_grad_reduce).
     dp_overlap: float = 0.0
     # Fixed cost of one role's pass in one stage, whatever the GPU count: batch broadcast from and results
@@ -97,7 +116,10 @@ class Efficiency:
 MEASURED: dict[str, list[tuple[str, float, str]]] = {
     "H200": [("hbm_efficiency", 0.85,
               "measured 2026-12-02 on one H200: bf16 [64 x 8192] @ [8192 x 28672] (a decode step's weight "
-              "stream) reads 4.08 TB/s of the 4.8 TB/s datasheet (torch 2.14, cuBLAS)")],
+              "stream) reads 4.08 TB/s of the 4.8 TB/s datasheet (torch 2.14, cuBLAS)"),
+             ("native_decode_host_s_per_layer", NATIVE_DECODE_HOST_S_PER_LAYER,
+              "measured 2026-12-02 on one H200 (TP 1): native decode 23.1 / 23.3 ms per step at batch 64 / 256 "
+              "for 16 layers (benchmarks/results/decode_roofline_h200_20261202/with_mask_batch64_256.json)")],
 }
 
 
