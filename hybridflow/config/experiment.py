@@ -91,6 +91,8 @@ def _inherit_ref_parallel(cfg: ExperimentConfig) -> None:
     for name in ("tp", "pp", "sequence_parallel"):
         if getattr(ref, name) is None:
             setattr(ref, name, getattr(actor, name))
+    if cfg.roles.ref.micro_batch_size is None:
+        cfg.roles.ref.micro_batch_size = cfg.roles.actor.micro_batch_size
     for role in ROLES:
         par = cfg.roles.get(role).parallel
         for name in ("tp", "pp", "sequence_parallel"):

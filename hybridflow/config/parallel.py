@@ -29,7 +29,7 @@ class RoleConfig:
 
     enabled: bool = True
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
-    micro_batch_size: int = 1
+    micro_batch_size: int | None = 1  # None (ref's default): the actor's
     offload_optimizer: bool = False
     # "none" | "selective" (attention core recomputed, Korthikanti et al.) | "full" (whole layer)
     activation_recompute: str = "selective"
@@ -39,9 +39,10 @@ class RoleConfig:
 class RolesConfig:
     actor: RoleConfig = field(default_factory=RoleConfig)
     critic: RoleConfig = field(default_factory=RoleConfig)
-    # ref's unset parallel fields inherit the actor's (same model, usually the same GPUs).
+    # ref's unset parallel fields and micro-batch inherit the actor's (same model, usually the same GPUs).
     ref: RoleConfig = field(
-        default_factory=lambda: RoleConfig(parallel=ParallelConfig(tp=None, pp=None, sequence_parallel=None))
+        default_factory=lambda: RoleConfig(parallel=ParallelConfig(tp=None, pp=None, sequence_parallel=None),
+                                           micro_batch_size=None)
     )
     reward: RoleConfig = field(default_factory=lambda: RoleConfig(enabled=False))
     rollout: RoleConfig = field(default_factory=RoleConfig)
