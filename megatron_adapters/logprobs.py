@@ -15,29 +15,12 @@ from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
 
 
-def mask_vocab_padding(
-    logits: torch.Tensor, vocab_size: int | None, tp_group: dist.ProcessGroup
-) -> torch.Tensor:
-    """Set the logits of padding ids (>= `vocab_size`, added so the vocab divides by TP) to a large negative.
-
-    The padded rows of the output layer are real parameters, so their logits are not -inf by themselves;
-    masking keeps probabilities equal to those of the unpadded HF model. Returns a new tensor.
-    """
-    local = logits.shape[-1]
-    start = tp_group.rank() * local
-    if vocab_size is None or start + local <= vocab_size:
-        return logits
-    ids = torch.arange(start, start + local, device=logits.device)
-    return logits.masked_fill(ids >= vocab_size, torch.finfo(logits.dtype).min)
-
-
 def token_logprobs(
     logits: torch.Tensor,
     targets: torch.Tensor,
     tp_group: dist.ProcessGroup,
     *,
     temperature: float = 1.0,
-    vocab_size: int | None = None,
     with_entropy: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Log-probability of `targets` under vocab-parallel `logits` (and optionally the entropy), in fp32.
@@ -45,17 +28,17 @@ def token_logprobs(
     Args:
         logits: `[..., vocab_padded / tp]`, this rank's vocabulary slice (megatron's GPTModel output with
             `labels=None`, batch-first `[b, s, v/tp]`). For next-token log-probabilities pass
-            `logits[:, :-1]` with `targets = tokens[:, 1:]`.
+            `logits[:, :-1]` with `targets = tokens[:, 1:]`. Padding ids of the vocabulary must already be
+            ~-inf there, as `megatron_adapters.model.build_gpt`'s output hook leaves them.
         targets: `[...]` global token ids.
         tp_group: the role's tensor-parallel group (`pg_collection.tp`).
         temperature: logits are divided by it (use the rollout's sampling temperature for PPO ratios).
-        vocab_size: the unpadded vocabulary size; padding ids are masked out (see `mask_vocab_padding`).
         with_entropy: also return the entropy of the full distribution, `[...]`.
     """
     if temperature <= 0:
         raise ValueError(f"temperature: {temperature} must be > 0; use 1.0 for the model's own distribution")
     # Division makes a new fp32 tensor: megatron's cross entropy works in place on its input.
-    scaled = mask_vocab_padding(logits.float() / temperature, vocab_size, tp_group)
+    scaled = logits.float() / temperature
     ce_input = scaled.clone() if with_entropy else scaled
     logprobs = -vocab_parallel_cross_entropy(ce_input, targets, tp_group=tp_group)
     if not with_entropy:

@@ -8,7 +8,12 @@ VOCAB, PADDED = 11, 12  # 12 = padded to a multiple of TP=2; id 11 is padding
 
 
 def _full_logits() -> torch.Tensor:
-    return torch.randn(3, 5, PADDED, generator=torch.Generator().manual_seed(0)) * 3
+    """Random logits with the padding id at PADDED_LOGIT, as build_gpt's output hook leaves it."""
+    from megatron_adapters.model import PADDED_LOGIT
+
+    logits = torch.randn(3, 5, PADDED, generator=torch.Generator().manual_seed(0)) * 3
+    logits[..., VOCAB:] = PADDED_LOGIT
+    return logits
 
 
 def _targets() -> torch.Tensor:
@@ -28,14 +33,10 @@ def _vocab_parallel(temperature: float) -> dict:
 
     pgs = build_role_groups([0, 1], tp=2, pp=1, dp=1)
     local = _full_logits().chunk(2, dim=-1)[pgs.tp.rank()].clone().requires_grad_()
-    logprobs, entropy = token_logprobs(
-        local, _targets(), pgs.tp, temperature=temperature, vocab_size=VOCAB, with_entropy=True
-    )
+    logprobs, entropy = token_logprobs(local, _targets(), pgs.tp, temperature=temperature, with_entropy=True)
     w_logprob, w_entropy = _weights()
     (logprobs * w_logprob + entropy * w_entropy).sum().backward()
-    only_logprobs = token_logprobs(
-        local.detach(), _targets(), pgs.tp, temperature=temperature, vocab_size=VOCAB
-    )
+    only_logprobs = token_logprobs(local.detach(), _targets(), pgs.tp, temperature=temperature)
     return {
         "rank": dist.get_rank(),
         "logprobs": logprobs.detach(),
