@@ -49,12 +49,10 @@ for s in "${stages[@]}"; do
             ${DECODE_ARGS:---batches 64,256 --prompt 128 --new-tokens 512} --json "$out/decode_roofline.json" ;;
     throughput)
         stage throughput "${THROUGHPUT_S:-330}" python3 -m benchmarks.throughput +experiment=ppo_llama_1b_h200 \
-            trainer.parity_max_abs="${PARITY_MAX_ABS:-2.0}" --placements colocated --warmup-steps 1 --steps 3 \
-            --out "$work/throughput"
+            --placements colocated --warmup-steps 1 --steps 3 --out "$work/throughput"
         rm -rf "$work"/throughput/*/checkpoints "$work"/throughput/*/final_hf "$work"/throughput/*/init_model ;;
     trl)
-        stage trl "${TRL_S:-420}" python3 -m benchmarks.trl_compare --out "$work/trl" \
-            -- trainer.parity_max_abs="${PARITY_MAX_ABS:-2.0}"
+        stage trl "${TRL_S:-420}" python3 -m benchmarks.trl_compare --out "$work/trl"
         rm -rf "$work"/trl/model "$work"/trl/hybridflow/checkpoints "$work"/trl/hybridflow/final_hf ;;
     *) echo "unknown stage $s (use gpu-tests, decode, throughput, trl)" >&2 ;;
     esac
