@@ -19,6 +19,13 @@ initialises gloo on a free port and enables megatron_adapters.cpu_backend (or nc
 `fn(*args, **kwargs)`, and sends the return value back (pickled by value, so tensors are fine). A rank
 that raises makes `run_distributed` raise `DistributedTestError` with that rank's traceback; a rank that
 hangs fails the call after `timeout_s`.
+
+`HYBRIDFLOW_TEST_DEVICE=cuda` makes nccl the default of every call that passes no `device` (an explicit
+`device=` still wins), so a test whose ranks build their tensors on
+`megatron_adapters.cpu_backend.compute_device()` runs on GPUs as it is. CUDA ranks turn TF32 off (matmul
+and cuDNN), so fp32 tests keep their CPU tolerances; tensors in `args`/`kwargs` arrive on the rank's GPU,
+and tensors in the return value come back on the CPU (inside dicts, lists and tuples), so the parent
+compares them with CPU references.
 """
 
 from __future__ import annotations
@@ -34,9 +41,48 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+DEVICE_ENV = "HYBRIDFLOW_TEST_DEVICE"
+DEVICES = ("cpu", "cuda")
+
 
 class DistributedTestError(AssertionError):
     """A rank raised, died or timed out; the message carries its rank and traceback."""
+
+
+def default_device() -> str:
+    """The device of `run_distributed` calls that pass none: `$HYBRIDFLOW_TEST_DEVICE`, else "cpu"."""
+    device = os.environ.get(DEVICE_ENV, "").strip() or "cpu"
+    if device not in DEVICES:
+        raise ValueError(f"{DEVICE_ENV}={device!r}: use 'cpu' (gloo) or 'cuda' (nccl), or unset it")
+    return device
+
+
+def disable_tf32() -> None:
+    """fp32 matmuls and convolutions in full fp32 (TF32 keeps 10 mantissa bits: ~1e-3 relative error)."""
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+
+
+def move_tensors(value: Any, device) -> Any:
+    """`value` with every tensor inside dicts, lists and tuples moved to `device` (other objects as they are).
+
+    Moved tensors are detached leaves that keep `requires_grad`, so they pickle like the originals.
+    """
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        moved = value.detach().to(device)
+        return moved.requires_grad_() if value.requires_grad else moved
+    if type(value) is dict:
+        return {k: move_tensors(v, device) for k, v in value.items()}
+    if type(value) is list:
+        return [move_tensors(v, device) for v in value]
+    if isinstance(value, tuple):
+        items = [move_tensors(v, device) for v in value]
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+    return value
 
 
 def free_port() -> int:
@@ -64,7 +110,9 @@ def _rank_main(rank, world_size, port, fn, args, kwargs, seed, device, timeout_s
         timeout = timedelta(seconds=timeout_s)
         if device == "cuda":
             torch.cuda.set_device(rank)
+            disable_tf32()
             dist.init_process_group("nccl", rank=rank, world_size=world_size, timeout=timeout)
+            args, kwargs = move_tensors((args, kwargs), torch.device("cuda", rank))
         else:
             dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timeout)
             from megatron_adapters.cpu_backend import enable_cpu_backend
@@ -73,6 +121,8 @@ def _rank_main(rank, world_size, port, fn, args, kwargs, seed, device, timeout_s
             enable_cpu_backend(force=True)
         torch.manual_seed(seed)
         value = fn(*args, **kwargs)
+        if device == "cuda":
+            value = move_tensors(value, torch.device("cpu"))
         payload = (rank, "ok", pickle.dumps(value))
     except BaseException:  # noqa: BLE001 - everything goes back to the parent, which re-raises
         payload = (rank, "error", traceback.format_exc())
@@ -91,15 +141,15 @@ def run_distributed(
     *,
     timeout_s: float = 240.0,
     seed: int = 1234,
-    device: str = "cpu",
+    device: str | None = None,
 ) -> list[Any]:
     """Run `fn(*args, **kwargs)` in `world_size` ranks; return the per-rank results.
 
     `fn` must be a module-level function and its arguments and return value picklable. Raises
     DistributedTestError naming the first failing rank (with its traceback), ranks that exited without
-    reporting, or ranks still running after `timeout_s` (those are killed). `device="cpu"` (default):
-    gloo + the CPU backend, on any machine. `device="cuda"`: nccl, rank r on GPU r (needs `world_size`
-    GPUs).
+    reporting, or ranks still running after `timeout_s` (those are killed). `device="cpu"`: gloo + the
+    CPU backend, on any machine. `device="cuda"`: nccl, rank r on GPU r (needs `world_size` GPUs).
+    `device=None` (default): `default_device()`, i.e. `$HYBRIDFLOW_TEST_DEVICE` or "cpu".
 
     Ranks are forked where CUDA is absent (CI, dev boxes: fast). Where CUDA exists they are spawned
     (a few seconds of imports per launch): neither an initialised CUDA context nor autograd's per-device
@@ -112,8 +162,15 @@ def run_distributed(
     # the machines that run these tests have 2 cores for several processes anyway.
     torch.set_num_threads(1)
     ctx = multiprocessing.get_context("spawn" if torch.cuda.is_available() else "fork")
-    if device not in ("cpu", "cuda"):
+    source = "device" if device is not None else DEVICE_ENV
+    device = default_device() if device is None else device
+    if device not in DEVICES:
         raise ValueError(f"device: {device!r}; use 'cpu' or 'cuda'")
+    if device == "cuda" and torch.cuda.device_count() < world_size:
+        raise ValueError(
+            f"{source}: 'cuda' runs rank r on GPU r, so world_size={world_size} needs {world_size} GPUs; "
+            f"this machine has {torch.cuda.device_count()} (use device='cpu' or unset {DEVICE_ENV})"
+        )
     results = ctx.Queue()
     port = free_port()
     procs = [
