@@ -28,21 +28,24 @@ def _weights() -> tuple[torch.Tensor, torch.Tensor]:
 def _vocab_parallel(temperature: float) -> dict:
     import torch.distributed as dist
 
+    from megatron_adapters.cpu_backend import compute_device
     from megatron_adapters.logprobs import token_logprobs
     from megatron_adapters.process_groups import build_role_groups
 
+    device = compute_device()  # the data comes from CPU generators (same on every device), then moves
     pgs = build_role_groups([0, 1], tp=2, pp=1, dp=1)
-    local = _full_logits().chunk(2, dim=-1)[pgs.tp.rank()].clone().requires_grad_()
-    logprobs, entropy = token_logprobs(local, _targets(), pgs.tp, temperature=temperature, with_entropy=True)
-    w_logprob, w_entropy = _weights()
+    local = _full_logits().chunk(2, dim=-1)[pgs.tp.rank()].clone().to(device).requires_grad_()
+    targets = _targets().to(device)
+    logprobs, entropy = token_logprobs(local, targets, pgs.tp, temperature=temperature, with_entropy=True)
+    w_logprob, w_entropy = (w.to(device) for w in _weights())
     (logprobs * w_logprob + entropy * w_entropy).sum().backward()
-    only_logprobs = token_logprobs(local.detach(), _targets(), pgs.tp, temperature=temperature)
-    return {
+    only_logprobs = token_logprobs(local.detach(), targets, pgs.tp, temperature=temperature)
+    return {  # compared with the parent's CPU reference
         "rank": dist.get_rank(),
-        "logprobs": logprobs.detach(),
-        "entropy": entropy.detach(),
-        "grad": local.grad,
-        "only_logprobs": only_logprobs,
+        "logprobs": logprobs.detach().cpu(),
+        "entropy": entropy.detach().cpu(),
+        "grad": local.grad.cpu(),
+        "only_logprobs": only_logprobs.cpu(),
     }
 
 

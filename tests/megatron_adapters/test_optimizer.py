@@ -29,7 +29,7 @@ def _reference_step(model, batches) -> tuple[dict, float, list[float]]:
     losses = []
     for batch in batches:
         ids = batch["input_ids"]
-        logits = model(ids, torch.arange(ids.shape[1]).expand_as(ids), None)
+        logits = model(ids, torch.arange(ids.shape[1], device=ids.device).expand_as(ids), None)
         log_p = torch.log_softmax(logits[:, :-1].float(), dim=-1)
         loss = -log_p.gather(-1, ids[:, 1:].unsqueeze(-1)).mean()
         (loss / len(batches)).backward()
@@ -68,9 +68,12 @@ def _step_all_roles() -> dict:
     initial = {n: p.detach().clone() for n, p in reference.named_parameters()}
     batches = tiny_gpt.micro_batches(MICRO_BATCHES)
     updated, ref_norm, ref_losses = _reference_step(reference, batches) if rank == 0 else (None, None, None)
-    holder = [(updated, ref_norm, ref_losses)]
+    # Through the CPU: a pickled CUDA tensor would unpickle on rank 0's GPU in every rank.
+    holder = [({n: t.cpu() for n, t in updated.items()} if rank == 0 else None, ref_norm, ref_losses)]
     dist.broadcast_object_list(holder, src=0)
     updated, ref_norm, ref_losses = holder[0]
+    device = next(reference.parameters()).device  # compute_device(): the CPU, or this rank's GPU
+    updated = {n: t.to(device) for n, t in updated.items()}
 
     out = {}
     settings = OptimizerSettings(lr=LR, weight_decay=WEIGHT_DECAY, grad_clip=GRAD_CLIP)

@@ -15,10 +15,14 @@ def _mean_logit_loss(output, batch):
     return loss, {"loss": loss}
 
 
+def _positions(ids):
+    return torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+
+
 def _reference_outputs(model, batches):
     with torch.no_grad():
         return [
-            model(b["input_ids"], torch.arange(b["input_ids"].shape[1]).expand_as(b["input_ids"]), None)
+            model(b["input_ids"], _positions(b["input_ids"]), None)
             for b in batches
         ]
 
@@ -40,7 +44,7 @@ def _two_roles() -> dict:
     single = [build_role_groups([r], tp=1, pp=1, dp=1) for r in range(2)][rank]
     actor_pgs = build_role_groups([0, 1], tp=2, pp=1, dp=1)
     critic_pgs = build_role_groups([0, 1], tp=1, pp=2, dp=1)
-    batches = tiny_gpt.micro_batches(2)
+    batches = tiny_gpt.micro_batches(2)  # on compute_device(), like tiny_gpt's models
 
     def reference(seed):
         seed_role_rng(seed, single)

@@ -4,6 +4,10 @@ Built directly with megatron-core's GPTModel + local layer spec (until megatron_
 the shared way). The sharded copy relies on megatron's own parameter attributes (`tensor_model_parallel`,
 `partition_dim`) and on the fused QKV being laid out per query group, so a TP shard is a contiguous chunk of
 the TP1 tensor.
+
+Device: models and micro-batches land on `megatron_adapters.cpu_backend.compute_device()` (the CPU under the
+CPU backend, the rank's GPU under nccl); random data still comes from CPU generators, so it is the same on
+both.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ import torch
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer import TransformerConfig
+
+from megatron_adapters.cpu_backend import compute_device
 
 VOCAB = 64
 SEQ = 8
@@ -40,10 +46,15 @@ def tiny_config(tp: int, pp: int, **overrides) -> TransformerConfig:
 
 
 def tiny_gpt(pgs, tied: bool = True, **overrides) -> GPTModel:
-    """This rank's stage of a tiny GPT over the role groups `pgs` (tied embeddings use the embd group)."""
+    """This rank's stage of a tiny GPT over the role groups `pgs` (tied embeddings use the embd group).
+
+    With `use_cpu_initialization` (the default) the weights are drawn on the CPU, as before, and the model is
+    then moved to `compute_device()` like megatron's `get_model()` does (a no-op under the CPU backend).
+    """
     tp, pp = pgs.tp.size(), pgs.pp.size()
-    return GPTModel(
-        tiny_config(tp, pp, **overrides),
+    config = tiny_config(tp, pp, **overrides)
+    model = GPTModel(
+        config,
         get_gpt_layer_local_spec(),
         vocab_size=VOCAB,
         max_sequence_length=SEQ,
@@ -52,6 +63,10 @@ def tiny_gpt(pgs, tied: bool = True, **overrides) -> GPTModel:
         post_process=pgs.pp.rank() == pp - 1,
         share_embeddings_and_output_weights=tied,
     )
+    device = compute_device()
+    if config.use_cpu_initialization and device.type != "cpu":
+        model.cuda(device)
+    return model
 
 
 def full_name(local_name: str, pp_rank: int, layers_per_stage: int, reference_names) -> str:
@@ -93,6 +108,14 @@ def sharded_view(model: torch.nn.Module, reference_state: dict[str, torch.Tensor
         yield name, param.detach(), shard_of(source, param, tp_rank, tp)
 
 
-def micro_batches(count: int, batch: int = 2, seed: int = 0) -> list[dict[str, torch.Tensor]]:
+def micro_batches(
+    count: int, batch: int = 2, seed: int = 0, device: torch.device | str | None = None
+) -> list[dict[str, torch.Tensor]]:
+    """`count` micro-batches of random ids (a CPU generator: the same ids on every device), on `device`
+    (default `compute_device()`)."""
+    device = compute_device() if device is None else device
     generator = torch.Generator().manual_seed(seed)
-    return [{"input_ids": torch.randint(0, VOCAB, (batch, SEQ), generator=generator)} for _ in range(count)]
+    return [
+        {"input_ids": torch.randint(0, VOCAB, (batch, SEQ), generator=generator).to(device)}
+        for _ in range(count)
+    ]

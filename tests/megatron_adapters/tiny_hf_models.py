@@ -111,13 +111,18 @@ def _global(group, index: int) -> int:
 @torch.no_grad()
 def pipeline_forward(model, ids: torch.Tensor) -> torch.Tensor | None:
     """Forward through all PP stages by plain send/recv; on the last stage return the output
-    gathered over TP (LM head: the padded vocab), elsewhere None."""
+    gathered over TP (LM head: the padded vocab), elsewhere None.
+
+    Runs on the model's device (the CPU under the CPU backend, the rank's GPU under nccl): `ids` are moved
+    there and the activations are received into a buffer there (nccl sends and receives device tensors)."""
     pg = model.pg_collection
     pp_rank = pg.pp.rank()
-    position_ids = torch.arange(ids.shape[1]).expand_as(ids)
+    device = next(model.parameters()).device
+    ids = ids.to(device)
+    position_ids = torch.arange(ids.shape[1], device=device).expand_as(ids)
     if not model.pre_process:
         hidden = torch.empty(
-            ids.shape[1], ids.shape[0], model.config.hidden_size, dtype=model.config.params_dtype
+            ids.shape[1], ids.shape[0], model.config.hidden_size, dtype=model.config.params_dtype, device=device
         )
         dist.recv(hidden, src=_global(pg.pp, pp_rank - 1))
         model.set_input_tensor(hidden)

@@ -1,6 +1,9 @@
 """The bridge on 4 gloo ranks: every layout pair bit-exact vs an HF reference; bytes vs HybridFlow's optimum.
 
-One launch runs all cases (forking ranks costs ~1 s; importing megatron per process ~8 s).
+One launch runs all cases (forking ranks costs ~1 s; importing megatron per process ~8 s). With
+`HYBRIDFLOW_TEST_DEVICE=cuda` the same ranks run on nccl: the HF tensors arrive on the rank's GPU, the bridge
+and build_gpt work on `compute_device()`, results come back to the CPU for the comparisons, and the peak-memory
+check measures the GPU allocator instead of the process RSS.
 """
 
 from __future__ import annotations
@@ -94,6 +97,7 @@ def _rank_cases(models, cases):
         dst, stats = bridge.reshard(src)
         slot = plan.slots.get(rank)
         own = sum(t.numel() * t.element_size() for t in src.values())
+        dst = {n: t.cpu() for n, t in dst.items()}  # compared with CPU references in the parent
         out.append((dst, slot.tp_rank if slot else None, slot.dp_rank if slot else None, stats.bytes_received, own))
     return out
 
@@ -113,7 +117,7 @@ def _rank_real_model(cfg, hf_dir, ckpt_dir):
     bridge = WeightBridge(plan, model_shape(cfg), TargetFormat.VLLM, dtype=torch.float32, bucket_bytes=1 << 14)
     dst, _ = bridge.reshard(training_shards(model))
     save_checkpoint(ckpt_dir, model, cfg)  # the project's checkpoint (model tensors + hf_config/)
-    return dst
+    return {n: t.cpu() for n, t in dst.items()}
 
 
 def _status_kib(field: str) -> int:
@@ -121,12 +125,15 @@ def _status_kib(field: str) -> int:
 
 
 def _rank_peak_memory(cfg, state, bucket_bytes):
-    """Peak RSS growth during a reshard (destinations preallocated, like an engine's weights)."""
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallopt(-3, 64 * 1024)  # M_MMAP_THRESHOLD: large buffers are mmapped, so freeing them lowers RSS
+    """Peak memory growth during a reshard (destinations preallocated, like an engine's weights): the process
+    RSS on the CPU, the caching allocator's allocated bytes on a GPU (where the buffers live there)."""
     rank = dist.get_rank()
     plan = build_reshard_plan(*_layouts(2, 1, 1, "colocated"))
     bridge = WeightBridge(plan, model_shape(cfg), TargetFormat.VLLM, dtype=torch.bfloat16, bucket_bytes=bucket_bytes)
+    on_gpu = bridge.device.type == "cuda"
+    if not on_gpu:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 64 * 1024)  # M_MMAP_THRESHOLD: large buffers are mmapped, so freeing them lowers RSS
     src = _shards_from_hf(bridge, cfg, state, rank)
     dst = bridge.allocate_targets()
     for t in dst.values():
@@ -134,11 +141,19 @@ def _rank_peak_memory(cfg, state, bucket_bytes):
     bridge.reshard(src, dst)  # warm-up: first-touch of code paths, copy-on-write pages after fork
     gc.collect()
     dist.barrier()
-    base = _status_kib("VmRSS")
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # reset VmHWM to the current RSS
-    bridge.reshard(src, dst)
-    peak = (_status_kib("VmHWM") - base) * 1024
+    if on_gpu:
+        torch.cuda.synchronize(bridge.device)
+        base = torch.cuda.memory_allocated(bridge.device)
+        torch.cuda.reset_peak_memory_stats(bridge.device)
+        bridge.reshard(src, dst)
+        torch.cuda.synchronize(bridge.device)
+        peak = torch.cuda.max_memory_allocated(bridge.device) - base
+    else:
+        base = _status_kib("VmRSS")
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # reset VmHWM to the current RSS
+        bridge.reshard(src, dst)
+        peak = (_status_kib("VmHWM") - base) * 1024
     largest = max(math.prod(s) for s in bridge.target_shapes().values()) * 2
     # fp32 training shards are cast to the bf16 rollout dtype on the way: equal to the cast reference.
     want = reference_vllm_shard(cfg, state, 1, 0)
