@@ -73,6 +73,9 @@ class OptimizerSettings:
     lr_decay_style: str = "constant"
     lr_decay_steps: int = 1  # steps until min_lr for non-constant styles; must exceed lr_warmup_steps
     min_lr: float = 0.0
+    # `roles.<role>.offload_optimizer`: megatron's HybridDeviceOptimizer keeps the fp32 main params and Adam
+    # states in host memory and steps there (torch AdamW on CPU). Needs the distributed optimizer.
+    offload_optimizer: bool = False
 
 
 @dataclass
@@ -163,6 +166,18 @@ def build_optimizer(
             raise ValueError(
                 "use_distributed_optimizer: the optimizer and wrap_for_training disagree; pass the same value"
             )
+    if settings.offload_optimizer and not (settings.use_distributed_optimizer and precision.bf16):
+        # fp32 params: megatron 0.19's distributed optimizer hands HybridDeviceOptimizer non-leaf shard views.
+        raise ValueError(
+            "offload_optimizer: megatron's CPU offload needs use_distributed_optimizer=True and bf16 params "
+            "(model.dtype=bf16)"
+        )
+    offload = {}
+    if settings.offload_optimizer:
+        # All of it (fraction 1.0) on the host, with the precision-aware optimizer that megatron's own
+        # arguments require for CPU offload (megatron/training/arguments.py: the hybrid device optimizer reuses
+        # its code path); the fp32 main params then live only in HybridDeviceOptimizer's host copies.
+        offload = dict(optimizer_cpu_offload=True, optimizer_offload_fraction=1.0, use_precision_aware_optimizer=True)
     config = OptimizerConfig(
         optimizer="adam",
         lr=settings.lr,
@@ -174,6 +189,7 @@ def build_optimizer(
         bf16=precision.bf16,
         params_dtype=precision.params_dtype,
         use_distributed_optimizer=settings.use_distributed_optimizer,
+        **offload,
     )
     # Megatron's usual parameter groups: no weight decay on biases and 1-D parameters (norms). The groups
     # carry a wd_mult that only the scheduler applies: without the scheduler everything would be decayed.

@@ -7,6 +7,8 @@ the head ("lm" or a scalar head), whether it trains, and what a forward returns 
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -16,7 +18,7 @@ import torch
 from megatron.core.process_groups_config import ProcessGroupCollection
 
 from hybridflow.placement import RoleMesh
-from megatron_adapters.cpu_backend import compute_device
+from megatron_adapters.cpu_backend import compute_device, is_cpu_backend_enabled
 from megatron_adapters.forward_backward import run_forward_backward
 from megatron_adapters.hf_safetensors import load_hf_weights, save_hf_weights
 from megatron_adapters.logprobs import token_logprobs
@@ -30,6 +32,17 @@ from megatron_adapters.optimizer import (
     wrap_for_training,
 )
 from megatron_adapters.process_groups import seed_role_rng
+from megatron_adapters.specs import resolve_spec_name
+
+# `roles.<role>.activation_recompute` -> megatron-core TransformerConfig fields. "selective" keeps megatron's
+# default recompute_modules=["core_attn"]: attention.py checkpoints whatever core-attention module the spec
+# holds (our SdpaCoreAttention included), so it needs no Transformer Engine. "full" recomputes every layer
+# from its input (uniform, one layer per checkpoint).
+RECOMPUTE_OVERRIDES: dict[str, dict] = {
+    "none": {},
+    "selective": {"recompute_granularity": "selective"},
+    "full": {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1},
+}
 
 # (model output [b, T, ...], micro-batch) -> per-token tensor [b, T]
 PerToken = Callable[[torch.Tensor, dict[str, torch.Tensor]], torch.Tensor]
@@ -120,6 +133,33 @@ class ModelRole:
         return {**means, **stats}
 
 
+def role_config_overrides(
+    trained: bool, tp: int, activation_recompute: str = "none", sequence_parallel: bool = False,
+    spec: str = "auto",
+) -> dict:
+    """The TransformerConfig fields a role's config asks for (`roles.<role>.activation_recompute`,
+    `roles.<role>.parallel.sequence_parallel`), as `build_gpt` overrides.
+
+    Recompute only matters with a backward, so inference-only roles (ref, reward) ignore it. Sequence
+    parallelism needs tp > 1 and norms that support it: megatron's torch norms (the "sdpa"/"local" specs)
+    assert it off and Apex's FusedLayerNorm has no RMSNorm, so it is on only with the "te" spec. On the
+    CPU backend (gloo) it stays off (see megatron_adapters/cpu_backend.py).
+    """
+    if activation_recompute not in RECOMPUTE_OVERRIDES:
+        raise ValueError(
+            f"activation_recompute: {activation_recompute!r} is unknown; use one of {', '.join(RECOMPUTE_OVERRIDES)}"
+        )
+    overrides = dict(RECOMPUTE_OVERRIDES[activation_recompute]) if trained else {}
+    if sequence_parallel and tp > 1 and not is_cpu_backend_enabled():  # SP stays off on CPU (gloo)
+        if resolve_spec_name(spec) == "te":
+            overrides["sequence_parallel"] = True
+        else:
+            logging.getLogger(__name__).warning(
+                "sequence_parallel: needs Transformer Engine (spec 'te') for RMSNorm; running without it"
+            )
+    return overrides
+
+
 def build_model_role(
     name: str,
     mesh: RoleMesh,
@@ -132,7 +172,9 @@ def build_model_role(
     seed: int = 0,
     **config_overrides,
 ) -> ModelRole:
-    """Build this rank's stage of `hf_dir`, load its weights, and (for trained roles) DDP + optimizer."""
+    """Build this rank's stage of `hf_dir`, load its weights, and (for trained roles) DDP + optimizer.
+
+    `config_overrides` are TransformerConfig fields (see `role_config_overrides`)."""
     seed_role_rng(seed, groups)
     model = build_gpt(hf_dir, groups, head=head, dtype=dtype, **config_overrides)
     if torch.cuda.is_available():
@@ -140,6 +182,9 @@ def build_model_role(
     load_hf_weights(model, hf_dir)
     if optimizer is None:
         return ModelRole(name, mesh, groups, model, micro_batch_size)
+    if optimizer.offload_optimizer and is_cpu_backend_enabled():
+        # On the CPU backend the optimizer already runs in host memory: offloading is meaningless.
+        optimizer = dataclasses.replace(optimizer, offload_optimizer=False)
     precision = TrainingPrecision(dtype, bf16=dtype == torch.bfloat16)
     ddp = wrap_for_training([model], groups, use_distributed_optimizer=optimizer.use_distributed_optimizer)
     opt = build_optimizer(ddp, groups, optimizer, precision)

@@ -14,6 +14,7 @@ import torch
 from hybridflow.algorithms import build_advantage_estimator, build_kl_controller
 from hybridflow.config import ExperimentConfig
 from hybridflow.data import load_prompt_dataset, load_tokenizer
+from hybridflow.errors import UserError
 from hybridflow.placement import Plan
 from hybridflow.roles.groups import build_groups, generation_mesh
 from hybridflow.roles.model_role import (
@@ -21,13 +22,14 @@ from hybridflow.roles.model_role import (
     OptimizerSettings,
     absent_from_role,
     build_model_role,
+    role_config_overrides,
 )
 from hybridflow.roles.rollout_role import build_rollout_role
 from hybridflow.rollout.base import SamplingParams
 from hybridflow.rollout.vllm_engine import VllmEngineSpec
 from hybridflow.trainer.model_files import ensure_model_files
 from hybridflow.trainer.rewarding import build_scorer
-from hybridflow.trainer.rl_trainer import RLTrainer
+from hybridflow.trainer.rl_trainer import TRIM_MULTIPLE, RLTrainer
 from megatron_adapters.cpu_backend import compute_device
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
@@ -63,10 +65,24 @@ def build_run(cfg: ExperimentConfig, plan: Plan, work_dir: Path) -> BuiltRun:
             absent_from_role(trained)
             continue
         lr = cfg.trainer.critic_lr or cfg.trainer.lr if role == "critic" else cfg.trainer.lr
-        settings = OptimizerSettings(lr=lr, weight_decay=cfg.trainer.weight_decay, grad_clip=cfg.trainer.grad_clip)
+        role_cfg = cfg.roles.get(role)
+        settings = OptimizerSettings(lr=lr, weight_decay=cfg.trainer.weight_decay, grad_clip=cfg.trainer.grad_clip,
+                                     offload_optimizer=role_cfg.offload_optimizer)
+        tp = meshes[role].tp
+        overrides = role_config_overrides(trained, tp, role_cfg.activation_recompute,
+                                          bool(role_cfg.parallel.sequence_parallel))
+        if overrides.get("sequence_parallel") and (cfg.data.seq_length % tp or TRIM_MULTIPLE % tp):
+            # Sequence parallelism splits every sequence over TP; batches are trimmed to a multiple of
+            # TRIM_MULTIPLE columns, data.seq_length at most.
+            raise UserError(
+                f"data.seq_length: {cfg.data.seq_length} is not a multiple of roles.{role}.parallel.tp={tp} "
+                f"(sequence parallelism needs every width, {TRIM_MULTIPLE}-multiples up to data.seq_length, "
+                f"divisible by tp); set data.seq_length to a multiple of a tp that divides {TRIM_MULTIPLE}, "
+                f"or roles.{role}.parallel.sequence_parallel=false"
+            )
         roles[role] = build_model_role(
-            role, meshes[role], groups[role], hf_dir, HEADS[role], dtype, cfg.roles.get(role).micro_batch_size,
-            optimizer=settings if trained else None, seed=cfg.trainer.seed,
+            role, meshes[role], groups[role], hf_dir, HEADS[role], dtype, role_cfg.micro_batch_size,
+            optimizer=settings if trained else None, seed=cfg.trainer.seed, **overrides,
         )
 
     sampling = SamplingParams(
