@@ -91,7 +91,7 @@ def main(argv=None) -> dict:
     pg = build_role_groups([0], tp=1, pp=1, dp=1)
     seed_role_rng(1234, pg)
     dtype = torch.bfloat16 if on_gpu else torch.float32
-    model = build_gpt(cfg, pg, dtype=dtype)
+    model = build_gpt(cfg, pg, dtype=dtype, spec="decode")
     engine = MegatronRolloutEngine(model, pg.tp, cfg.vocab_size)
 
     elem = torch.finfo(dtype).bits // 8

@@ -9,6 +9,8 @@ implementation, by name, from a registry:
   ``scaled_dot_product_attention`` (flash / memory-efficient kernels on GPU, the math kernel on CPU).
   This is the default without Transformer Engine, and the spec the CPU tests use: it matches HF
   transformers' logits to float rounding, so no separate "plain" spec is needed on CPU.
+- ``"decode"``: the ``"sdpa"`` spec with :class:`~megatron_adapters.decode_cache.KVCacheAttention`, which
+  can hold a static KV cache (the native rollout engine's model; same parameters and numbers as "sdpa").
 - ``"local"``: megatron-core's local spec unchanged (unfused attention; needs megatron's global memory
   buffer); kept for comparison only.
 """
@@ -128,19 +130,30 @@ def _local_spec(config: TransformerConfig) -> ModuleSpec:
     return get_gpt_layer_local_spec(normalization=config.normalization, qk_layernorm=config.qk_layernorm)
 
 
-def _sdpa_spec(config: TransformerConfig) -> ModuleSpec:
+def _with_core_attention(config: TransformerConfig, core_attention: type) -> ModuleSpec:
     spec = _local_spec(config)
     attention = spec.submodules.self_attention
-    attn_subs = dataclasses.replace(attention.submodules, core_attention=SdpaCoreAttention)
+    attn_subs = dataclasses.replace(attention.submodules, core_attention=core_attention)
     layer_subs = dataclasses.replace(
         spec.submodules, self_attention=dataclasses.replace(attention, submodules=attn_subs)
     )
     return dataclasses.replace(spec, submodules=layer_subs)
 
 
+def _sdpa_spec(config: TransformerConfig) -> ModuleSpec:
+    return _with_core_attention(config, SdpaCoreAttention)
+
+
+def _decode_spec(config: TransformerConfig) -> ModuleSpec:
+    from megatron_adapters.decode_cache import KVCacheAttention  # it subclasses SdpaCoreAttention
+
+    return _with_core_attention(config, KVCacheAttention)
+
+
 LAYER_SPECS: dict[str, Callable[[TransformerConfig], ModuleSpec]] = {
     "te": _te_spec,
     "sdpa": _sdpa_spec,
+    "decode": _decode_spec,
     "local": _local_spec,
 }
 

@@ -80,7 +80,7 @@ def build_rollout_role(
         target = TargetFormat.MEGATRON
         engine = None
         if groups is not None:
-            model = build_gpt(hf_dir, groups, head="lm", dtype=dtype).to(device)
+            model = build_gpt(hf_dir, groups, head="lm", dtype=dtype, spec="decode").to(device)
             engine = MegatronRolloutEngine(model, groups.tp, vocab_size=shape.vocab_size)
     bridge = WeightBridge(reshard_plan, shape, target, dtype=dtype, bucket_bytes=bucket_bytes, device=device)
     return RolloutRole(mesh, engine, bridge, sampling, device)

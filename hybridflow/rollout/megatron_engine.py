@@ -1,8 +1,10 @@
 """Native rollout: KV-cached sampling on a megatron-core GPTModel at the rollout's own TP degree.
 
-megatron-core's StaticInferenceEngine is built around text requests, a tokenizer and CUDA-only helpers; we
-need tensors in and tensors out on CPU (gloo) and GPU alike, so this engine drives the model directly with
-megatron-core's `StaticInferenceContext`, which owns the KV cache inside the model's attention layers.
+megatron-core's StaticInferenceEngine is built around text requests, a tokenizer and CUDA-only helpers, and
+its static KV cache moves by Python-int offsets (no CUDA graph); we need tensors in and tensors out on CPU
+(gloo) and GPU alike, and decode steps the GPU can replay as graphs. So the model is built with the "decode"
+layer spec, whose attention holds a static KV cache (`megatron_adapters.decode_cache`), and `DecodeStep`
+replays one captured forward per step.
 
 Prompts of different lengths share one batch the way static batching does it: decoding starts after the
 shortest prompt, and a row still inside its own prompt is fed its prompt token instead of the sample.
@@ -12,10 +14,11 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from megatron.core.inference.contexts import StaticInferenceContext
 
 from hybridflow.rollout.base import RolloutBatch, SamplingParams
+from hybridflow.rollout.decode_step import ATTEND_BUCKET, DecodeStep
 from hybridflow.rollout.sampling import sample_next
+from megatron_adapters.decode_cache import attach_decode_cache
 
 # Reading `done` on the host synchronises with the device; on a GPU checking every few steps lets the host
 # queue the next steps' kernels meanwhile (steps after every row is done write only padding).
@@ -23,16 +26,21 @@ GPU_DONE_CHECK_EVERY = 8
 
 
 class MegatronRolloutEngine:
-    """Generates with `model` (a GPTModel, PP=1) whose tensor-parallel group is `tp_group`.
+    """Generates with `model` (a GPTModel built with spec "decode", PP=1) whose tensor-parallel group is
+    `tp_group`.
 
     vocab_size is the tokenizer's true vocabulary: the padded tail of a vocab-parallel output layer is cut
-    off before sampling.
+    off before sampling. `use_graphs` (default: on CUDA) captures decode steps as CUDA graphs, one per
+    `attend_bucket` columns of context.
     """
 
-    def __init__(self, model: torch.nn.Module, tp_group: dist.ProcessGroup, vocab_size: int):
+    def __init__(self, model: torch.nn.Module, tp_group: dist.ProcessGroup, vocab_size: int,
+                 use_graphs: bool | None = None, attend_bucket: int = ATTEND_BUCKET):
         self.model = model
         self.tp_group = tp_group
         self.vocab_size = vocab_size
+        self.use_graphs = use_graphs
+        self.attend_bucket = attend_bucket
         self._tp_src = dist.get_global_rank(tp_group, 0)
 
     @torch.no_grad()
@@ -47,31 +55,30 @@ class MegatronRolloutEngine:
         last_col = torch.clamp(prompt_lens + sampling.max_new_tokens, max=total)  # exclusive end per row
         stop_ids = torch.tensor(sampling.stop_token_ids, dtype=torch.long, device=device)
         generator = torch.Generator(device=device).manual_seed(sampling.seed)
-
-        positions = torch.arange(total, device=device).unsqueeze(0).expand(bsz, total)
-        # Measured on the H200 (benchmarks/results/decode_roofline_h200_20261202.md): with this explicit mask
-        # a 1B decode step took 23 ms; without it SDPA picked its cuDNN kernel and the step took 32 ms.
-        causal_masked = torch.ones(total, total, dtype=torch.bool, device=device).triu(1)[None, None]
-        context = StaticInferenceContext(max_batch_size=bsz, max_sequence_length=total)
         self.model.eval()
 
-        start, end = 0, int(prompt_lens.min())
+        end = int(prompt_lens.min())
+        if end >= total:  # no column left to sample into
+            return RolloutBatch(tokens, batch.prompt_lens, response_mask, logprobs)
         check_every = 1 if device.type == "cpu" else GPU_DONE_CHECK_EVERY
-        while end < total and not (end % check_every == 0 and bool(done.all())):
-            logits = self.model(tokens[:, start:end], positions[:, start:end], causal_masked[..., start:end, :end],
-                                inference_context=context)
-            context.increment_sequence_len_offset(end - start)
-            next_tok, next_logp = self._sample(logits[:, -1, :], sampling, generator)
-
-            in_prompt = end < prompt_lens
-            is_response = ~in_prompt & ~done & (end < last_col)
-            tokens[:, end] = torch.where(in_prompt, tokens[:, end], next_tok)
-            tokens[:, end] = torch.where(in_prompt | is_response, tokens[:, end], sampling.pad_token_id)
-            logprobs[:, end] = torch.where(is_response, next_logp, 0.0)
-            response_mask[:, end] = is_response.long()
-            hit_stop = is_response & torch.isin(next_tok, stop_ids)
-            done |= hit_stop | (~in_prompt & (end + 1 >= last_col))
-            start, end = end, end + 1
+        with attach_decode_cache(self.model, bsz, total) as cache:
+            positions = torch.arange(end, device=device).expand(bsz, end)
+            logits = self.model(tokens[:, :end], positions, None)[:, -1, :]  # prefill from column 0
+            step = DecodeStep(self.model, cache, bsz, device, self.attend_bucket, self.use_graphs)
+            while True:
+                next_tok, next_logp = self._sample(logits, sampling, generator)
+                in_prompt = end < prompt_lens
+                is_response = ~in_prompt & ~done & (end < last_col)
+                tokens[:, end] = torch.where(in_prompt, tokens[:, end], next_tok)
+                tokens[:, end] = torch.where(in_prompt | is_response, tokens[:, end], sampling.pad_token_id)
+                logprobs[:, end] = torch.where(is_response, next_logp, 0.0)
+                response_mask[:, end] = is_response.long()
+                hit_stop = is_response & torch.isin(next_tok, stop_ids)
+                done |= hit_stop | (~in_prompt & (end + 1 >= last_col))
+                end += 1
+                if end >= total or (end % check_every == 0 and bool(done.all())):
+                    break
+                logits = step(tokens[:, end - 1 : end], end - 1)
         return RolloutBatch(tokens, batch.prompt_lens, response_mask, logprobs)
 
     def _sample(

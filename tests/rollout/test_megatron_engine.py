@@ -1,6 +1,7 @@
 """The native rollout engine against Hugging Face transformers: greedy tokens equal HF's `generate`, the
 sampled tokens' log-probs equal HF's log-softmax, at TP 1 and TP 2 (gloo), with prompts of different
-lengths in one batch and a stop token."""
+lengths in one batch and a stop token; attention-length buckets across the three families; on a GPU, CUDA
+graph decode equal to eager."""
 
 import pytest
 import torch
@@ -20,16 +21,16 @@ def _prompt_batch(width: int) -> RolloutBatch:
     return RolloutBatch(tokens, torch.tensor([len(p) for p in PROMPTS]))
 
 
-def _generate(hf_dir: str, tp: int, sampling: SamplingParams):
+def _generate(hf_dir: str, tp: int, sampling: SamplingParams, attend_bucket: int = 256):
     from hybridflow.rollout.megatron_engine import MegatronRolloutEngine
     from megatron_adapters.hf_safetensors import load_hf_weights
     from megatron_adapters.model import build_gpt, model_shape
     from megatron_adapters.process_groups import build_role_groups
 
     pgs = build_role_groups(list(range(tp)), tp=tp, pp=1, dp=1)
-    model = build_gpt(hf_dir, pgs)
+    model = build_gpt(hf_dir, pgs, spec="decode")
     load_hf_weights(model, hf_dir)
-    engine = MegatronRolloutEngine(model, pgs.tp, model_shape(hf_dir).vocab_size)
+    engine = MegatronRolloutEngine(model, pgs.tp, model_shape(hf_dir).vocab_size, attend_bucket=attend_bucket)
     out = engine.generate(_prompt_batch(max(map(len, PROMPTS)) + NEW), sampling)
     return out.tokens, out.response_mask, out.logprobs
 
@@ -78,3 +79,45 @@ def test_sampling_stops_at_stop_token_and_logprobs_match_hf(hf_model):
         p = len(prompt)
         torch.testing.assert_close(logprobs[row, p : p + NEW],
                                    _hf_logprobs(hf, tokens[row], p, p + NEW, temperature=0.7), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "mistral"])
+def test_greedy_matches_hf_across_attention_buckets(tmp_path, kind):
+    """Decode steps attend over 4-column buckets (graph shapes on GPU): bucket edges, qkv bias + tied
+    embeddings (qwen2) and a sliding window shorter than the rows (mistral) still give HF's tokens."""
+    hf = save_tiny_model(kind, tmp_path, seed=4)
+    sampling = SamplingParams(max_new_tokens=NEW, temperature=0.0)
+    tokens, _, logprobs = run_distributed(_generate, world_size=1, args=(str(tmp_path), 1, sampling, 4))[0]
+    for row, prompt in enumerate(PROMPTS):
+        p = len(prompt)
+        want = hf.generate(torch.tensor([prompt]), max_new_tokens=NEW, do_sample=False, eos_token_id=None,
+                           pad_token_id=0)[0]
+        assert tokens[row, : p + NEW].tolist() == want.tolist()
+        torch.testing.assert_close(logprobs[row, p : p + NEW], _hf_logprobs(hf, tokens[row], p, p + NEW),
+                                   atol=1e-4, rtol=0)
+
+
+def _graphs_against_eager(hf_dir: str):
+    from hybridflow.rollout.megatron_engine import MegatronRolloutEngine
+    from megatron_adapters.hf_safetensors import load_hf_weights
+    from megatron_adapters.model import build_gpt, model_shape
+    from megatron_adapters.process_groups import build_role_groups, seed_role_rng
+
+    pgs = build_role_groups([0], tp=1, pp=1, dp=1)
+    seed_role_rng(0, pgs)  # megatron initialises GPU weights under its model-parallel RNG tracker
+    model = build_gpt(hf_dir, pgs, spec="decode")
+    load_hf_weights(model, hf_dir)
+    batch = _prompt_batch(max(map(len, PROMPTS)) + NEW)
+    batch = RolloutBatch(batch.tokens.cuda(), batch.prompt_lens.cuda())  # fp32 model: TF32 is off here
+    sampling = SamplingParams(max_new_tokens=NEW, temperature=0.8, seed=11)
+    outs = [MegatronRolloutEngine(model, pgs.tp, model_shape(hf_dir).vocab_size, use_graphs=graphs,
+                                  attend_bucket=4).generate(batch, sampling) for graphs in (False, True)]
+    return [(o.tokens.cpu(), o.logprobs.cpu()) for o in outs]
+
+
+@pytest.mark.gpu
+def test_cuda_graph_decode_equals_eager(hf_model):
+    (eager_tok, eager_lp), (graph_tok, graph_lp) = run_distributed(_graphs_against_eager, world_size=1,
+                                                                   args=(hf_model[0],), device="cuda")[0]
+    assert torch.equal(graph_tok, eager_tok)
+    torch.testing.assert_close(graph_lp, eager_lp, atol=1e-5, rtol=0)

@@ -1,0 +1,62 @@
+"""One decode step of the native rollout: the model's forward over one token per row, as a CUDA graph on GPU.
+
+An eager megatron-core forward launches ~600 kernels per step from Python and the host, not the GPU, sets
+the pace (23 ms per step for a 1B model on an H200, see benchmarks/results/decode_roofline_h200_20261202/).
+With the static KV cache of `megatron_adapters.decode_cache` every shape is fixed, so the forward is captured
+once per attention length bucket and replayed; on CPU the same step runs eagerly.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from megatron_adapters.decode_cache import DecodeCache
+
+# Keys a decode step attends over are rounded up to a multiple of this: one graph per bucket, and a step
+# reads at most this many cached columns beyond its own.
+ATTEND_BUCKET = 256
+
+
+class DecodeStep:
+    """`step(tokens [B, 1], column)` -> logits `[B, vocab shard]` of the next token, for rows fed at
+    `column`; the KV cache attached to `model` (`cache`) is updated in place."""
+
+    def __init__(self, model: torch.nn.Module, cache: DecodeCache, batch: int, device: torch.device,
+                 bucket: int = ATTEND_BUCKET, use_graphs: bool | None = None):
+        self.model, self.cache, self.bucket = model, cache, bucket
+        self.use_graphs = device.type == "cuda" if use_graphs is None else use_graphs
+        self.tokens = torch.zeros(batch, 1, dtype=torch.long, device=device)
+        self.positions = torch.zeros(batch, 1, dtype=torch.long, device=device)
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._pool = None
+
+    def _forward(self) -> torch.Tensor:
+        return self.model(self.tokens, self.positions, None)[:, -1, :]
+
+    def __call__(self, tokens: torch.Tensor, column: int) -> torch.Tensor:
+        self.tokens.copy_(tokens)
+        self.positions.fill_(column)
+        self.cache.start.fill_(column)
+        attend_len = min(self.cache.max_len, -(-(column + 1) // self.bucket) * self.bucket)
+        self.cache.attend_len = attend_len
+        if not self.use_graphs:
+            return self._forward()
+        if attend_len not in self.graphs:
+            self.graphs[attend_len] = self._capture()
+        graph, logits = self.graphs[attend_len]
+        graph.replay()
+        return logits
+
+    def _capture(self) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        """Warm up on a side stream (lazy kernel and allocator set-up must not land in the graph), then
+        capture. The warm-up writes the same keys/values at the same column the real step writes."""
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self._forward()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            logits = self._forward()
+        self._pool = graph.pool()
+        return graph, logits

@@ -1,0 +1,118 @@
+"""A static-shape KV cache for decoding with a megatron-core GPTModel, so a decode step can be a CUDA graph.
+
+megatron-core's StaticInferenceContext slices its cache with Python-int offsets that change every step, and
+its CUDA-graph decode path needs flash-attn; here every shape is fixed for the whole generation and the
+column being decoded is a device tensor (`DecodeCache.start`), so one captured graph replays step after step.
+
+- `KVCacheAttention` (layer spec "decode") is `SdpaCoreAttention` that, while a cache is attached, writes the
+  fed keys/values at their columns and attends a decode token over the first `attend_len` cached columns
+  (masked past the token's own column).
+- `PositionedRotary` stands in for the model's rotary embedding while a cache is attached: the angles of the
+  fed tokens' true columns, read from a table with the device-side start column.
+- `attach_decode_cache(model, batch, max_len)` wires both in for one generation and takes them out after.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from megatron_adapters.specs import SdpaCoreAttention
+
+
+@dataclass
+class DecodeCache:
+    """State shared by every layer for one generation: KV buffers `[batch, groups, max_len, head_dim]`.
+
+    start: `[1]` long, the column of the first token fed in the next forward (a prefill starts at 0).
+    attend_len: keys a one-token decode step attends over (>= start + 1); fixed per captured graph.
+    """
+
+    start: torch.Tensor
+    max_len: int
+    attend_len: int
+    keys: list[torch.Tensor] = field(default_factory=list)
+    values: list[torch.Tensor] = field(default_factory=list)
+
+
+class KVCacheAttention(SdpaCoreAttention):
+    """SDPA core attention with an optional per-generation KV cache (`cache`, `layer_slot` set by
+    `attach_decode_cache`). Without a cache it is `SdpaCoreAttention` exactly, so training and scoring
+    through this spec are unchanged."""
+
+    cache: DecodeCache | None = None
+    layer_slot: int = -1
+
+    def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
+                packed_seq_params=None):
+        cache = self.cache
+        if cache is None:
+            return super().forward(query, key, value, attention_mask, attn_mask_type, attention_bias,
+                                   packed_seq_params)
+        sq, b, heads, dim = query.shape
+        cached_k, cached_v = cache.keys[self.layer_slot], cache.values[self.layer_slot]
+        columns = cache.start + torch.arange(sq, device=query.device)
+        cached_k.index_copy_(2, columns, key.permute(1, 2, 0, 3))
+        cached_v.index_copy_(2, columns, value.permute(1, 2, 0, 3))
+        if sq > 1:  # prefill: starts at column 0, so the fed keys are the whole context (causal path)
+            return super().forward(query, key, value, None)
+        # One token per row: its query heads of each KV group stand in the "sequence" slot, so one SDPA
+        # call covers grouped-query attention without repeating the cache.
+        groups = self.groups_per_partition
+        q = query[0].reshape(b, groups, heads // groups, dim)
+        k, v = cached_k[:, :, : cache.attend_len], cached_v[:, :, : cache.attend_len]
+        key_col = torch.arange(cache.attend_len, device=query.device)
+        allowed = key_col <= cache.start
+        if self.window_left is not None:
+            allowed &= cache.start - key_col <= self.window_left
+        allowed = allowed.view(1, 1, 1, -1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=self.softmax_scale)
+        return out.reshape(1, b, heads * dim)
+
+
+class PositionedRotary(torch.nn.Module):
+    """The rotary angles of columns [start, start + n) for a forward over n fed tokens."""
+
+    def __init__(self, rotary: torch.nn.Module, cache: DecodeCache):
+        super().__init__()
+        self._rotary = (rotary,)  # not a submodule: it goes back in place afterwards
+        self.table = rotary(cache.max_len)  # [max_len, 1, 1, dim], megatron's own angles
+        self.cache = cache
+        self.columns = torch.arange(cache.max_len, device=self.table.device)
+
+    def get_rotary_seq_len(self, *args, **kwargs) -> int:
+        return self._rotary[0].get_rotary_seq_len(*args, **kwargs)
+
+    def forward(self, max_seq_len: int, offset: int = 0, packed_seq: bool = False, cp_group=None):
+        return self.table.index_select(0, self.cache.start + self.columns[:max_seq_len])
+
+
+@contextlib.contextmanager
+def attach_decode_cache(model: torch.nn.Module, batch: int, max_len: int) -> Iterator[DecodeCache]:
+    """Give every `KVCacheAttention` of `model` (built with spec "decode", PP 1) a KV cache for `batch` rows
+    of up to `max_len` columns; yields the cache, whose buffers are freed on exit."""
+    layers = [m for m in model.modules() if isinstance(m, SdpaCoreAttention)]
+    if not layers or not all(isinstance(m, KVCacheAttention) for m in layers):
+        raise ValueError("spec: the rollout model needs the 'decode' layer spec (KVCacheAttention)")
+    weight = next(model.parameters())
+    config = layers[0].config
+    cache = DecodeCache(torch.zeros(1, dtype=torch.long, device=weight.device), max_len, max_len)
+    for slot, layer in enumerate(layers):
+        shape = (batch, layer.groups_per_partition, max_len, config.kv_channels)
+        cache.keys.append(torch.zeros(shape, dtype=weight.dtype, device=weight.device))
+        cache.values.append(torch.zeros(shape, dtype=weight.dtype, device=weight.device))
+        layer.cache, layer.layer_slot = cache, slot
+    rotary = model.rotary_pos_emb
+    model.rotary_pos_emb = PositionedRotary(rotary, cache)
+    try:
+        yield cache
+    finally:
+        model.rotary_pos_emb = rotary
+        for layer in layers:
+            layer.cache = None
+        cache.keys.clear()
+        cache.values.clear()
