@@ -6,12 +6,11 @@
   at least the HBM traffic of its weight shard (roofline); 2048-token micro-batches are far above it.
 - Generation on the device is memory-bound: every decode step streams the weight shard and the KV cache of
   the batch from HBM, plus per-layer latencies (TP all-reduces, kernel launches); prefill is compute-bound.
-  The native engine (eager megatron-core forwards, no CUDA graph) is host-bound instead: a forward costs at
-  least `layers * Efficiency.native_decode_host_s_per_layer` of Python and kernel launches, and the device's
-  work runs under it, so its step is the larger of the two (calibrated on one H200, see device.py). vLLM
-  replays CUDA graphs and keeps the device figure (its launch term is assumed, not calibrated). When a
-  replica's batch does not fit the rollout's KV budget, it runs in waves. The bridge (training -> rollout
-  layout, HybridFlow Table 2) and the rollout's sleep/wake weight copies to host memory are charged here.
+  Both engines replay CUDA graphs. vLLM streams at `hbm_efficiency` plus an assumed launch term per layer;
+  the native engine (graphs of megatron-core forwards) streams at `native_decode_hbm_efficiency`, measured
+  on one H200 (device.py). When a replica's batch does not fit the rollout's KV budget, it runs in waves.
+  The bridge (training -> rollout layout, HybridFlow Table 2) and the rollout's sleep/wake weight copies
+  to host memory are charged here.
 - Every pass of a role in a stage adds a fixed overhead (batch hand-off, barrier).
 
 Every time is a per-iteration figure for the whole role (its ranks work in lock-step). Each function has a
@@ -102,43 +101,31 @@ def generation_breakdown(role: RoleWork, s: Strategy, workload: Workload, device
         return {"decode_kv": math.inf}
     waves = math.ceil(batch / capacity)
     wave = math.ceil(batch / waves)
-    hbm = device.hbm_bytes_per_s * eff.hbm_efficiency
-
-    # The native engine's host floor of one forward (prefill or decode step): the rollout runs without
-    # pipeline (p_g = 1), so every GPU's stage holds all the layers. Calibrated at TP 1 only: the host side
-    # of TP collectives (2 all-reduces per layer, the logits all-gather) is not in it.
+    # The native engine replays CUDA graphs of megatron-core forwards; its step streams at a measured
+    # effective rate that folds in everything a step does beyond the roofline's bytes (small kernels, the
+    # attention bucket's extra columns, eager sampling), so it has no separate launch term.
     native = workload.rollout_engine == "megatron"
-    host = m.num_layers * eff.native_decode_host_s_per_layer if native else 0.0
+    hbm = device.hbm_bytes_per_s * (eff.native_decode_hbm_efficiency if native else eff.hbm_efficiency)
+    launch = 0.0 if native else eff.decode_layer_overhead_s
 
     prefill = m.forward_flops_per_token(prompt / 2) * wave * prompt / (g * device.peak_flops * eff.prefill_mfu)
     prefill += 2 * m.num_layers * tp_allreduce_time(wave * prompt * m.hidden_size * m.dtype_bytes, g,
                                                    device, eff)
-    prefill = max(prefill, host)
-    # The step time is linear in the context, so `response` steps at the mean context sum exactly (while a
-    # step is device-bound; a host-bound step does not depend on the context).
+    # The step time is linear in the context, so `response` steps at the mean context sum exactly.
     context = prompt + response / 2
     weights = m.weight_bytes / g / hbm
     kv = wave * context * m.kv_bytes_per_token / g / hbm
     compute = wave * m.forward_flops_per_token(context) / (g * device.peak_flops * eff.infer_mfu)
-    # The native engine's launch cost is its host floor, not a per-layer addition.
-    launch = 0.0 if native else eff.decode_layer_overhead_s
     latency = m.num_layers * (2 * tp_allreduce_time(wave * m.hidden_size * m.dtype_bytes, g, device, eff)
                               + launch)
     steps = waves * response
-    # Host-bound (native engine): kernels launch asynchronously, so the device's work per step hides under
-    # the host's (batch 64 -> 256 left the measured step at 23.1 -> 23.3 ms, see device.py).
-    host_bound = host > max(compute, weights + kv) + latency
-    out = {"prefill": waves * prefill}
-    if not host_bound:
-        out["decode_latency"] = steps * latency
-    out["bridge"] = bridge_time(m.weight_bytes, s.tp, s.pp, g, device, eff)
+    out = {"prefill": waves * prefill, "decode_latency": steps * latency,
+           "bridge": bridge_time(m.weight_bytes, s.tp, s.pp, g, device, eff)}
     if workload.rollout_offloads_weights and device.host_bytes_per_s > 0:
         # Sleep after generating copies the shard to host memory, wake-up copies it back (then the bridge
         # overwrites it); every GPU copies its own shard at once.
         out["sleep_wake"] = 2 * m.weight_bytes / g / (device.host_bytes_per_s * eff.host_link_efficiency)
-    if host_bound:
-        out["decode_host"] = steps * host
-    elif compute > weights + kv:
+    if compute > weights + kv:
         out["decode_compute"] = steps * compute
     else:  # memory-bound: every step streams the weight shard and the batch's KV cache
         out.update(decode_weights=steps * weights, decode_kv=steps * kv)

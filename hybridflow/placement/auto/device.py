@@ -4,8 +4,8 @@ Peak figures come from the cluster config (`hybridflow.config.cluster.GPU_DEFAUL
 datasheet values); the `Efficiency` factors turn peaks into achievable rates. `Efficiency.sources` says per
 figure whether it is assumed or measured; `Efficiency.calibrated(...)` / `load_calibration(path)` are the
 hooks that replace a figure with a measured one and record where it came from (e.g. a benchmarks/results/
-file). Measured so far (`MEASURED`, H200 only): HBM streaming and the native rollout's host-bound decode step
-(`NATIVE_DECODE_HOST_S_PER_LAYER`); every other figure is an assumption.
+file). Measured so far (`MEASURED`, H200 only): HBM streaming and the native rollout's decode stream rate
+(`NATIVE_DECODE_HBM_EFFICIENCY`); every other figure is an assumption.
 """
 
 from __future__ import annotations
@@ -54,19 +54,16 @@ HOST_LINK_BYTES_PER_S: dict[str, float] = {"A100": 32e9, "H100": 64e9, "H200": 6
 
 _ASSUMED = "assumed (not calibrated)"
 
-# Host time of one native-rollout forward (rollout.engine=megatron: an eager megatron-core GPTModel forward
-# per decode step, no CUDA graph) per transformer layer, measured as a per-decode-step floor.
-# Calibrated 2026-12-02 on one H200 (its host; TP 1) from
-# benchmarks/results/decode_roofline_h200_20261202/with_mask_batch64_256.json: Llama-3.2-1B shape (16 layers),
-# prompt 128, 512 new tokens, decode_ms_per_step 23.12 at batch 64 and 23.35 at batch 256. Four times the
-# rows (device work per step 0.8 -> 1.4 ms at the HBM rate) left the step where it was: the step is
-# host-bound, and the device's work runs under the host's kernel launches (no_mask_profile_batch64.txt, the
-# mask-free variant under torch.profiler: ~590 launches, ~27 ms host vs 4.6 ms device per step). Mean
-# 23.24 ms / 16 layers = 1.45 ms per layer; it covers the whole step (embedding, output layer and sampling
-# included), spread over the layers. Cross-check: benchmarks/results/ppo_llama_1b_h200_20261202/
-# colocated.json, generate 25.56 s for ~1030 decode steps (24.8 ms per step) at batch 64. Other GPU types
-# (other hosts) get the same value as an assumption (`MEASURED` marks it measured on H200 only).
-NATIVE_DECODE_HOST_S_PER_LAYER = 1.45e-3
+# Share of the HBM datasheet rate at which a native-rollout decode step (rollout.engine=megatron: CUDA graphs of
+# a megatron-core GPTModel forward, eager sampling in between) streams the weights and the rows' KV cache.
+# Calibrated 2026-12-02 on one H200 (TP 1) from benchmarks/results/decode_roofline_h200_20261202_graphs/
+# batch64_256.json: Llama-3.2-1B shape (2.47 GB of bf16 weights, 32 KiB of KV per token), prompt 128, 512 new
+# tokens: 3.39 ms per step at batch 64 (3.28 GB streamed: 0.97 TB/s) and 5.92 ms at batch 256 (5.69 GB:
+# 0.96 TB/s), i.e. 0.201 / 0.200 of 4.8 TB/s: one rate fits both batches, so the step is bandwidth-shaped,
+# at a fifth of the datasheet (small GEMMs at these batches, ~600 graph nodes of small kernels, attention
+# over a 256-column bucket, fp32 sampling over the 128k vocabulary). Other GPU types get the same share as
+# an assumption (`MEASURED` marks it measured on H200 only).
+NATIVE_DECODE_HBM_EFFICIENCY = 0.20
 
 
 @dataclass(frozen=True)
@@ -87,8 +84,8 @@ class Efficiency:
     # vLLM (CUDA graphs): kernel launches per layer per decode step. Not calibrated here: no vLLM decode on
     # this repo's machines has been timed, so vLLM has no measured host floor.
     decode_layer_overhead_s: float = 15e-6
-    # The native (eager) rollout's host floor per layer of a forward; see NATIVE_DECODE_HOST_S_PER_LAYER.
-    native_decode_host_s_per_layer: float = NATIVE_DECODE_HOST_S_PER_LAYER
+    # The native rollout's decode stream rate, as a share of HBM peak; see NATIVE_DECODE_HBM_EFFICIENCY.
+    native_decode_hbm_efficiency: float = NATIVE_DECODE_HBM_EFFICIENCY
     # Share of the data-parallel gradient sync hidden under backward compute (Megatron overlap_grad_reduce).
     dp_overlap: float = 0.0
     # Fixed cost of one role's pass in one stage, whatever the GPU count: batch broadcast from and results
@@ -117,9 +114,10 @@ MEASURED: dict[str, list[tuple[str, float, str]]] = {
     "H200": [("hbm_efficiency", 0.85,
               "measured 2026-12-02 on one H200: bf16 [64 x 8192] @ [8192 x 28672] (a decode step's weight "
               "stream) reads 4.08 TB/s of the 4.8 TB/s datasheet (torch 2.14, cuBLAS)"),
-             ("native_decode_host_s_per_layer", NATIVE_DECODE_HOST_S_PER_LAYER,
-              "measured 2026-12-02 on one H200 (TP 1): native decode 23.1 / 23.3 ms per step at batch 64 / 256 "
-              "for 16 layers (benchmarks/results/decode_roofline_h200_20261202/with_mask_batch64_256.json)")],
+             ("native_decode_hbm_efficiency", NATIVE_DECODE_HBM_EFFICIENCY,
+              "measured 2026-12-02 on one H200 (TP 1): native decode (CUDA graphs) 3.39 / 5.92 ms per step at "
+              "batch 64 / 256, 0.97 / 0.96 TB/s of weights + KV "
+              "(benchmarks/results/decode_roofline_h200_20261202_graphs/batch64_256.json)")],
 }
 
 

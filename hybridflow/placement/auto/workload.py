@@ -104,8 +104,8 @@ class Workload:
     # The rollout copies its weight shard to host memory when it sleeps after generating and back when it
     # wakes before the bridge writes new weights (vLLM sleep level 1); level 2 and the native engine do not.
     rollout_offloads_weights: bool = False
-    # "vllm" (decode captured in CUDA graphs; HybridFlow's setting) or "megatron" (the native engine: eager
-    # forwards, whose decode step has a host-bound floor, `Efficiency.native_decode_host_s_per_layer`).
+    # "vllm" (HybridFlow's setting) or "megatron" (the native engine, which streams at its own measured rate,
+    # `Efficiency.native_decode_hbm_efficiency`).
     rollout_engine: str = "vllm"
 
     @property

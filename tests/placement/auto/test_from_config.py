@@ -1,6 +1,7 @@
 """`placement=auto` through the config and the foundation's `plan_placement` dispatch."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -61,14 +62,15 @@ def test_config_with_plan_carries_the_chosen_layouts_and_explanation_is_json():
 
 
 def test_native_rollout_generation_of_the_1b_h200_run_is_within_20_percent_of_measured():
-    # benchmarks/results/ppo_llama_1b_h200_20261202/colocated.json: generate 25.56 s + sync 0.005 s per step
-    # (batch 64, 1024 new tokens, native engine); without the host floor the model said 2.55 s.
+    # benchmarks/results/ppo_llama_1b_h200_20261202_graphs/colocated.json: generate 3.82 s + sync 0.004 s per
+    # step (batch 64, 1024 new tokens, native engine with CUDA graphs). The config only knows the longest
+    # prompt (1024); the run's builtin:add prompts are ~10 tokens, so the workload is given that length.
     cfg = load_experiment("ppo_llama_1b_h200", ["placement=colocated"])
     assert cfg.rollout.engine == "megatron"
-    wl = workload_from_config(cfg)
+    wl = replace(workload_from_config(cfg), prompt_length=10)
     assert wl.rollout_engine == "megatron"
     s = Strategy(1, 1, 1, gen_tp=1)
     kv = memory_from_config(cfg)("actor", s)[1]
     times = role_stage_times(wl.role("actor"), s, wl, DeviceSpec.from_cluster(cfg.cluster),
                              efficiency_for(cfg.cluster.gpu_type), kv)
-    assert times[GENERATION] == pytest.approx(25.56 + 0.005, rel=0.2)
+    assert times[GENERATION] == pytest.approx(3.82 + 0.004, rel=0.2)
