@@ -37,6 +37,7 @@ class DecodeCache:
     attend_len: int
     keys: list[torch.Tensor] = field(default_factory=list)
     values: list[torch.Tensor] = field(default_factory=list)
+    allowed: torch.Tensor | None = None  # this decode step's key mask, built by the first layer
 
 
 class KVCacheAttention(SdpaCoreAttention):
@@ -65,12 +66,13 @@ class KVCacheAttention(SdpaCoreAttention):
         groups = self.groups_per_partition
         q = query[0].reshape(b, groups, heads // groups, dim)
         k, v = cached_k[:, :, : cache.attend_len], cached_v[:, :, : cache.attend_len]
-        key_col = torch.arange(cache.attend_len, device=query.device)
-        allowed = key_col <= cache.start
-        if self.window_left is not None:
-            allowed &= cache.start - key_col <= self.window_left
-        allowed = allowed.view(1, 1, 1, -1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=self.softmax_scale)
+        if self.layer_slot == 0:  # every layer has the same window, so one mask serves the whole step
+            key_col = torch.arange(cache.attend_len, device=query.device)
+            allowed = key_col <= cache.start
+            if self.window_left is not None:
+                allowed &= cache.start - key_col <= self.window_left
+            cache.allowed = allowed.view(1, 1, 1, -1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=cache.allowed, scale=self.softmax_scale)
         return out.reshape(1, b, heads * dim)
 
 

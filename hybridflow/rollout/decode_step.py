@@ -29,6 +29,7 @@ class DecodeStep:
         self.positions = torch.zeros(batch, 1, dtype=torch.long, device=device)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool = None
+        self._warmed_up = False
 
     def _forward(self) -> torch.Tensor:
         return self.model(self.tokens, self.positions, None)[:, -1, :]
@@ -48,13 +49,16 @@ class DecodeStep:
         return logits
 
     def _capture(self) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        """Warm up on a side stream (lazy kernel and allocator set-up must not land in the graph), then
-        capture. The warm-up writes the same keys/values at the same column the real step writes."""
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            self._forward()
-        torch.cuda.current_stream().wait_stream(side)
+        """Capture the step at the current bucket. Before the first capture, one eager step on a side stream
+        does the lazy set-up (cuBLAS workspaces, kernel selection) that must not land in a graph; it writes
+        the same keys/values at the same column the real step writes. Later buckets need no warm-up."""
+        if not self._warmed_up:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self._forward()
+            torch.cuda.current_stream().wait_stream(side)
+            self._warmed_up = True
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
             logits = self._forward()
