@@ -23,7 +23,7 @@ import torch.distributed as dist
 from transformers import LlamaConfig
 
 from benchmarks.actor_mfu import FULL, QUICK, init_single_process
-from benchmarks.reshard import copy_bandwidth
+from benchmarks.reshard import copy_bandwidth, sync_device
 from hybridflow.rollout.base import RolloutBatch, SamplingParams
 from hybridflow.rollout.megatron_engine import MegatronRolloutEngine
 from megatron_adapters.model import build_gpt
@@ -50,17 +50,12 @@ def decode_roofline_seconds(weight_bytes: int, kv_bytes_per_token: int, batch: i
     return ((new_tokens - 1) * weight_bytes + batch * contexts * kv_bytes_per_token) / bandwidth
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _timed_generate(engine, batch: RolloutBatch, new_tokens: int, device: torch.device) -> float:
     sampling = SamplingParams(max_new_tokens=new_tokens, seed=0)
-    _sync(device)
+    sync_device(device)
     start = time.perf_counter()
     engine.generate(batch, sampling)
-    _sync(device)
+    sync_device(device)
     return time.perf_counter() - start
 
 

@@ -62,16 +62,17 @@ def copy_bandwidth(device: torch.device, nbytes: int) -> float:
     a = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device)
     b = torch.empty_like(a)
     b.copy_(a)
-    _sync(device)
+    sync_device(device)
     start = time.perf_counter()
     reps = 5
     for _ in range(reps):
         b.copy_(a)
-    _sync(device)
+    sync_device(device)
     return 2 * nbytes * reps / (time.perf_counter() - start)
 
 
-def _sync(device: torch.device) -> None:
+def sync_device(device: torch.device) -> None:
+    """Wait for the device's queued work (timing boundaries); nothing to wait for on the CPU."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
