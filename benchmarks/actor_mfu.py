@@ -1,13 +1,19 @@
-"""Actor training-step MFU of a megatron-core GPT built by ``megatron_adapters.model.build_gpt``.
+"""Training-step and forward MFU of a megatron-core GPT built by ``megatron_adapters.model.build_gpt``.
 
     python benchmarks/actor_mfu.py                  # 1.5B Llama shape on one GPU, bf16 (the issue's setting)
     python benchmarks/actor_mfu.py --spec local     # megatron's unfused local attention, for comparison
+    python benchmarks/actor_mfu.py --shape 8b --micro-batch 1               # Llama-3-8B shape
+    python benchmarks/actor_mfu.py --shape 8b --mode forward --seq 1024     # a forward only (prefill, scoring)
     python benchmarks/actor_mfu.py --quick          # tiny model, runs on CPU too (smoke test)
 
-Times forward + backward (LM loss through megatron's vocab-parallel cross entropy) of one micro-batch per
-step, no optimizer step, TP = PP = 1. MFU = model FLOPs / step time / peak (989e12 for H200 dense bf16).
-Model FLOPs per token = 6 * (matmul parameters incl. LM head, excl. the input embedding) + 12 * layers *
-seq * (heads * head_dim) (attention scores and values, full square, PaLM's convention).
+`--mode train` times forward + backward (LM loss through megatron's vocab-parallel cross entropy) of one
+micro-batch per step, no optimizer step; `--mode forward` times the same forward under no_grad (per-token
+log-probs, what reference scoring and prefill do). TP = PP = 1. MFU = model FLOPs / step time / peak (989e12
+for H200 dense bf16). Model FLOPs per token = 6 (forward: 2) * (matmul parameters incl. LM head, excl. the
+input embedding) + 12 (forward: 4) * layers * seq * (heads * head_dim) (attention scores and values, full
+square, PaLM's convention). `cost_model_mfu` is the same time in the auto planner's convention
+(`ModelShape.forward_flops_per_token` at the causal mean context seq / 2, times 3 for training): the figure
+that calibrates `Efficiency.train_mfu` / `infer_mfu` / `prefill_mfu`.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from transformers import LlamaConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from hybridflow.placement.auto.workload import ModelShape  # noqa: E402
 from megatron_adapters.cpu_backend import enable_cpu_backend  # noqa: E402
 from megatron_adapters.model import build_gpt  # noqa: E402
 from megatron_adapters.process_groups import build_role_groups, seed_role_rng  # noqa: E402
@@ -38,6 +45,16 @@ FULL = dict(
     num_key_value_heads=8,
     vocab_size=128256,
 )
+# Llama-3-8B: the size the planner's users start from.
+LLAMA3_8B = dict(
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    vocab_size=128256,
+)
+SHAPES = {"1.5b": FULL, "8b": LLAMA3_8B}
 QUICK = dict(
     hidden_size=64,
     intermediate_size=128,
@@ -52,6 +69,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny model, few steps (CPU smoke test)")
     parser.add_argument("--spec", default="auto", help="layer spec: auto | te | sdpa | local")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="1.5b", help="model shape (default 1.5b)")
+    parser.add_argument("--layers", type=int, default=None, help="override the shape's layer count")
+    parser.add_argument("--mode", choices=("train", "forward"), default="train",
+                        help="forward + backward (default) or a no-grad forward")
     parser.add_argument("--seq", type=int, default=None, help="sequence length (default 2048; quick 64)")
     parser.add_argument("--micro-batch", type=int, default=None, help="micro-batch size (default 4; quick 2)")
     parser.add_argument("--steps", type=int, default=None, help="timed steps (default 10; quick 2)")
@@ -61,14 +82,23 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def model_flops_per_token(cfg: LlamaConfig, seq: int) -> float:
-    """6 * matmul params (+ LM head) + 12 * L * s * (heads * head_dim); see the module docstring."""
+def model_flops_per_token(cfg: LlamaConfig, seq: int, passes: int = 3) -> float:
+    """passes * (2 * matmul params (+ LM head) + 4 * L * s * (heads * head_dim)); see the module docstring.
+
+    `passes` = 3 for forward + backward, 1 for a forward."""
     h, f, L = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
     d = h // cfg.num_attention_heads
     attn_proj = h * d * (cfg.num_attention_heads * 2 + cfg.num_key_value_heads * 2)
     per_layer = attn_proj + 3 * h * f
     matmul_params = L * per_layer + h * cfg.vocab_size
-    return 6 * matmul_params + 12 * L * seq * cfg.num_attention_heads * d
+    return passes * (2 * matmul_params + 4 * L * seq * cfg.num_attention_heads * d)
+
+
+def cost_model_flops_per_token(cfg: LlamaConfig, seq: int, passes: int = 3) -> float:
+    """The auto planner's FLOPs for the same token (causal mean context seq / 2)."""
+    shape = ModelShape(cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.num_attention_heads,
+                       cfg.num_key_value_heads, cfg.vocab_size, tie_embeddings=cfg.tie_word_embeddings)
+    return passes * shape.forward_flops_per_token(seq / 2)
 
 
 def init_single_process(port: int = 29533) -> torch.device:
@@ -92,8 +122,13 @@ def main(argv=None) -> dict:
     seq = args.seq or (64 if args.quick else 2048)
     batch = args.micro_batch or (2 if args.quick else 4)
     steps = args.steps or (2 if args.quick else 10)
+    shape = dict(QUICK if args.quick else SHAPES[args.shape])
+    if args.layers:
+        shape["num_hidden_layers"] = args.layers
+    train = args.mode == "train"
+    passes = 3 if train else 1
     cfg = LlamaConfig(
-        **(QUICK if args.quick else FULL),
+        **shape,
         max_position_embeddings=seq,
         rope_theta=500000.0,
         tie_word_embeddings=False,
@@ -108,6 +143,10 @@ def main(argv=None) -> dict:
     position_ids = torch.arange(seq, device=device).expand(batch, seq)
 
     def step() -> None:
+        if not train:
+            with torch.no_grad():
+                model(ids, position_ids, None, labels=labels)
+            return
         loss = model(ids, position_ids, None, labels=labels).float().mean()
         loss.backward()
         for p in model.parameters():
@@ -124,9 +163,10 @@ def main(argv=None) -> dict:
     if on_gpu:
         torch.cuda.synchronize()
     step_s = (time.perf_counter() - start) / steps
-    flops = model_flops_per_token(cfg, seq) * batch * seq
+    flops = model_flops_per_token(cfg, seq, passes) * batch * seq
     result = {
         "device": torch.cuda.get_device_name(0) if on_gpu else "cpu",
+        "mode": args.mode,
         "spec": model.spec_name,
         "dtype": str(dtype).removeprefix("torch."),
         "layers": cfg.num_hidden_layers,
@@ -139,12 +179,14 @@ def main(argv=None) -> dict:
         "step_s": step_s,
         "tflops_per_s": flops / step_s / 1e12,
         "mfu": flops / step_s / args.peak_flops,
+        "cost_model_mfu": cost_model_flops_per_token(cfg, seq, passes) * batch * seq / step_s / args.peak_flops,
         "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if on_gpu else None,
     }
     print(
-        f"spec={result['spec']} dtype={result['dtype']} params={result['params'] / 1e9:.2f}B "
+        f"mode={args.mode} spec={result['spec']} dtype={result['dtype']} params={result['params'] / 1e9:.2f}B "
         f"seq={seq} mb={batch}: step {step_s * 1e3:.1f} ms, {result['tflops_per_s']:.1f} TFLOP/s, "
-        f"MFU {result['mfu'] * 100:.1f}% of {args.peak_flops / 1e12:.0f} TFLOP/s, "
+        f"MFU {result['mfu'] * 100:.1f}% of {args.peak_flops / 1e12:.0f} TFLOP/s "
+        f"(cost-model convention {result['cost_model_mfu'] * 100:.1f}%), "
         f"peak memory {result['peak_memory_gib'] or 0:.1f} GiB"
     )
     if args.json:

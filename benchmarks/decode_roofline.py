@@ -2,6 +2,7 @@
 
     python -m benchmarks.decode_roofline                        # Llama-3.2-1B shape, bf16, one GPU
     python -m benchmarks.decode_roofline --batches 64,256 --prompt 128 --new-tokens 512 --json out.json
+    python -m benchmarks.decode_roofline --shape 8b --new-tokens 256  # Llama-3-8B shape (untied head)
     python -m benchmarks.decode_roofline --quick                # tiny model, CPU smoke test
 
 Decode time = generate(N new tokens) - generate(1 new token) (prefill and the first sample cancel), so the
@@ -22,7 +23,7 @@ import torch
 import torch.distributed as dist
 from transformers import LlamaConfig
 
-from benchmarks.actor_mfu import FULL, QUICK, init_single_process
+from benchmarks.actor_mfu import QUICK, SHAPES, init_single_process
 from benchmarks.reshard import copy_bandwidth, sync_device
 from hybridflow.rollout.base import RolloutBatch, SamplingParams
 from hybridflow.rollout.megatron_engine import MegatronRolloutEngine
@@ -33,6 +34,8 @@ from megatron_adapters.process_groups import build_role_groups, seed_role_rng
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny model, few tokens (CPU smoke test)")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="1.5b",
+                        help="model shape (default 1.5b, with Llama-3.2-1B's tied head)")
     parser.add_argument("--batches", default=None, help="comma-separated batch sizes (default 64,256)")
     parser.add_argument("--prompt", type=int, default=None, help="prompt tokens per row (default 128)")
     parser.add_argument("--new-tokens", type=int, default=None, help="tokens sampled per row (default 512)")
@@ -80,9 +83,9 @@ def main(argv=None) -> dict:
     batches = [int(b) for b in (args.batches or ("2" if args.quick else "64,256")).split(",")]
     prompt = args.prompt or (8 if args.quick else 128)
     new_tokens = args.new_tokens or (8 if args.quick else 512)
-    dims = QUICK if args.quick else FULL
+    dims = QUICK if args.quick else SHAPES[args.shape]
     cfg = LlamaConfig(**dims, max_position_embeddings=prompt + new_tokens, rope_theta=500000.0,
-                      tie_word_embeddings=True, architectures=["LlamaForCausalLM"])
+                      tie_word_embeddings=args.shape == "1.5b", architectures=["LlamaForCausalLM"])
     pg = build_role_groups([0], tp=1, pp=1, dp=1)
     seed_role_rng(1234, pg)
     dtype = torch.bfloat16 if on_gpu else torch.float32
@@ -119,6 +122,7 @@ def main(argv=None) -> dict:
     result = {
         "device": torch.cuda.get_device_name(0) if on_gpu else "cpu",
         "dtype": str(dtype).removeprefix("torch."),
+        "shape": "quick" if args.quick else args.shape,
         "params": weight_bytes // elem,
         "weight_bytes": weight_bytes,
         "kv_bytes_per_token": kv_bytes_per_token,

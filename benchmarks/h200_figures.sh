@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The single-GPU figures of benchmarks/README.md, in one go on a GPU machine that has torch + transformers.
-#   benchmarks/h200_figures.sh OUT_DIR [STAGE ...]      stages: gpu-tests decode throughput trl (default: all)
+#   benchmarks/h200_figures.sh OUT_DIR [STAGE ...]      stages: gpu-tests decode throughput trl calibrate
+#   (default: the first four; calibrate = the cost model's MFU and decode figures at the Llama-3-8B shape)
 # Pure-Python dependencies the machine lacks (megatron-core, hydra-core, omegaconf, antlr4; trl, datasets, dill,
 # multiprocess for the trl stage) are installed from wheels in .whl/ (and .carry/trl/) when present.
 # Each stage has its own time limit, logs to OUT_DIR/<stage>.log, and a failing stage does not stop the next.
@@ -54,7 +55,27 @@ for s in "${stages[@]}"; do
     trl)
         stage trl "${TRL_S:-420}" python3 -m benchmarks.trl_compare --out "$work/trl"
         rm -rf "$work"/trl/model "$work"/trl/hybridflow/checkpoints "$work"/trl/hybridflow/final_hf ;;
-    *) echo "unknown stage $s (use gpu-tests, decode, throughput, trl)" >&2 ;;
+    calibrate)
+        # Forward + backward (train_mfu), a forward over full sequences (infer_mfu) and over 1024-token
+        # prompts (prefill_mfu), and native decode, at the Llama-3-8B shape; the 1.5B shape for comparison.
+        # One log for the stage (few files come back from a device run); JSON per run in the archive.
+        mkdir -p "$work/calibrate"
+        echo "== calibrate" | tee "$out/calibrate.log"
+        for run in "train8b_mb1 --shape 8b --micro-batch 1 --steps 6" "train8b_mb2 --shape 8b --micro-batch 2 --steps 6" \
+            "fwd8b_s2048 --shape 8b --mode forward --micro-batch 4 --steps 8" \
+            "fwd8b_s1024 --shape 8b --mode forward --seq 1024 --micro-batch 8 --steps 8" \
+            "fwd15b_s2048 --mode forward --micro-batch 4" "train15b_mb4 --micro-batch 4" \
+            "decode8b -m benchmarks.decode_roofline --shape 8b --batches 64,256 --prompt 128 --new-tokens 256"; do
+            read -r name flags <<<"$run"
+            [[ "$flags" == -m* ]] || flags="benchmarks/actor_mfu.py $flags"
+            start=$SECONDS
+            # shellcheck disable=SC2086  # flags is a list
+            timeout --kill-after=15 "${CALIBRATE_S:-150}" python3 $flags --json "$work/calibrate/$name.json" \
+                >>"$out/calibrate.log" 2>&1
+            echo "== $name: rc=$? in $((SECONDS - start))s" | tee -a "$out/calibrate.log"
+            grep -E "^mode=|fraction_of_roofline\": [0-9]" "$out/calibrate.log" | tail -n 2
+        done ;;
+    *) echo "unknown stage $s (use gpu-tests, decode, throughput, trl, calibrate)" >&2 ;;
     esac
 done
 # Everything small the stages wrote (tables, JSON, PNG, metrics, logs) in one archive.
