@@ -71,9 +71,9 @@ for s in "${stages[@]}"; do
             start=$SECONDS
             # shellcheck disable=SC2086  # flags is a list
             timeout --kill-after=15 "${CALIBRATE_S:-150}" python3 $flags --json "$work/calibrate/$name.json" \
-                >>"$out/calibrate.log" 2>&1
+                >"$work/calibrate/$name.log" 2>&1
             echo "== $name: rc=$? in $((SECONDS - start))s" | tee -a "$out/calibrate.log"
-            grep -E "^mode=|fraction_of_roofline\": [0-9]" "$out/calibrate.log" | tail -n 2
+            grep -E "^mode=|^\{\"batch\"" "$work/calibrate/$name.log" | tee -a "$out/calibrate.log"
         done ;;
     *) echo "unknown stage $s (use gpu-tests, decode, throughput, trl, calibrate)" >&2 ;;
     esac

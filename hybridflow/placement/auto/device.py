@@ -4,8 +4,9 @@ Peak figures come from the cluster config (`hybridflow.config.cluster.GPU_DEFAUL
 datasheet values); the `Efficiency` factors turn peaks into achievable rates. `Efficiency.sources` says per
 figure whether it is assumed or measured; `Efficiency.calibrated(...)` / `load_calibration(path)` are the
 hooks that replace a figure with a measured one and record where it came from (e.g. a benchmarks/results/
-file). Measured so far (`MEASURED`, H200 only): HBM streaming and the native rollout's decode stream rate
-(`NATIVE_DECODE_HBM_EFFICIENCY`); every other figure is an assumption.
+file). Measured so far (`MEASURED`, H200 only): HBM streaming, the native rollout's decode step
+(`NATIVE_DECODE`) and training / forward / prefill MFU at the Llama-3-8B shape; every other figure (the
+communication figures, vLLM's launch term, the per-pass overhead) is an assumption.
 """
 
 from __future__ import annotations
@@ -54,16 +55,21 @@ HOST_LINK_BYTES_PER_S: dict[str, float] = {"A100": 32e9, "H100": 64e9, "H200": 6
 
 _ASSUMED = "assumed (not calibrated)"
 
-# Share of the HBM datasheet rate at which a native-rollout decode step (rollout.engine=megatron: CUDA graphs of
-# a megatron-core GPTModel forward, eager sampling in between) streams the weights and the rows' KV cache.
-# Calibrated 2026-12-02 on one H200 (TP 1) from benchmarks/results/decode_roofline_h200_20261202_graphs/
-# batch64_256.json: Llama-3.2-1B shape (2.47 GB of bf16 weights, 32 KiB of KV per token), prompt 128, 512 new
-# tokens: 3.39 ms per step at batch 64 (3.28 GB streamed: 0.97 TB/s) and 5.92 ms at batch 256 (5.69 GB:
-# 0.96 TB/s), i.e. 0.201 / 0.200 of 4.8 TB/s: one rate fits both batches, so the step is bandwidth-shaped,
-# at a fifth of the datasheet (small GEMMs at these batches, ~600 graph nodes of small kernels, attention
-# over a 256-column bucket, fp32 sampling over the 128k vocabulary). Other GPU types get the same share as
-# an assumption (`MEASURED` marks it measured on H200 only).
-NATIVE_DECODE_HBM_EFFICIENCY = 0.20
+# The native rollout's decode step (rollout.engine=megatron: CUDA graphs of a megatron-core GPTModel forward,
+# eager fp32 sampling and bookkeeping in between) as fixed seconds + streamed bytes at a share of the HBM
+# datasheet + seconds per sampled logit (batch x vocab). Fitted 2026-12-03 by benchmarks/fit_decode.py to 7
+# points measured on one H200 (TP 1; benchmarks/results/calibrate_h200_20261203/decode*.json): Llama-3.2-1B
+# and Llama-3-8B shapes, prompts 128 and 1024, batches 32-256, 3.4-15.6 ms per step; every point within 14 %.
+# Other GPU types get the same figures as an assumption (`MEASURED` marks them measured on H200 only).
+NATIVE_DECODE = {"native_decode_hbm_efficiency": 0.541, "native_decode_step_overhead_s": 8.2e-4,
+                 "native_decode_sampling_s_per_logit": 1.14e-10}
+_NATIVE_DECODE_SOURCE = ("fitted 2026-12-03 by benchmarks/fit_decode.py to native decode on one H200 (TP 1), "
+                         "1B and 8B shapes, 7 points within 14 % (benchmarks/results/calibrate_h200_20261203/)")
+# Forward + backward and forward-only MFU in the planner's FLOP convention (`ModelShape.forward_flops_per_token`
+# at the causal mean context), Llama-3-8B shape, TP = PP = 1, megatron-core with torch SDPA (no Transformer
+# Engine): benchmarks/actor_mfu.py --shape 8b [--mode forward]; at the 1.5B shape the same runs give 0.44 / 0.37.
+_MFU_SOURCE = ("measured 2026-12-03 on one H200, Llama-3-8B shape, TP 1, torch SDPA: "
+               "benchmarks/results/calibrate_h200_20261203/")
 
 
 @dataclass(frozen=True)
@@ -84,8 +90,11 @@ class Efficiency:
     # vLLM (CUDA graphs): kernel launches per layer per decode step. Not calibrated here: no vLLM decode on
     # this repo's machines has been timed, so vLLM has no measured host floor.
     decode_layer_overhead_s: float = 15e-6
-    # The native rollout's decode stream rate, as a share of HBM peak; see NATIVE_DECODE_HBM_EFFICIENCY.
-    native_decode_hbm_efficiency: float = NATIVE_DECODE_HBM_EFFICIENCY
+    # The native rollout's decode step (see NATIVE_DECODE): bytes stream at this share of HBM peak, plus a
+    # fixed time per step and the eager sampling's time per logit.
+    native_decode_hbm_efficiency: float = NATIVE_DECODE["native_decode_hbm_efficiency"]
+    native_decode_step_overhead_s: float = NATIVE_DECODE["native_decode_step_overhead_s"]
+    native_decode_sampling_s_per_logit: float = NATIVE_DECODE["native_decode_sampling_s_per_logit"]
     # Share of the data-parallel gradient sync hidden under backward compute (Megatron overlap_grad_reduce).
     dp_overlap: float = 0.0
     # Fixed cost of one role's pass in one stage, whatever the GPU count: batch broadcast from and results
@@ -113,11 +122,11 @@ class Efficiency:
 MEASURED: dict[str, list[tuple[str, float, str]]] = {
     "H200": [("hbm_efficiency", 0.85,
               "measured 2026-12-02 on one H200: bf16 [64 x 8192] @ [8192 x 28672] (a decode step's weight "
-              "stream) reads 4.08 TB/s of the 4.8 TB/s datasheet (torch 2.14, cuBLAS)"),
-             ("native_decode_hbm_efficiency", NATIVE_DECODE_HBM_EFFICIENCY,
-              "measured 2026-12-02 on one H200 (TP 1): native decode (CUDA graphs) 3.39 / 5.92 ms per step at "
-              "batch 64 / 256, 0.97 / 0.96 TB/s of weights + KV "
-              "(benchmarks/results/decode_roofline_h200_20261202_graphs/batch64_256.json)")],
+              "stream) reads 4.08 TB/s of the 4.8 TB/s datasheet (torch 2.11, cuBLAS)"),
+             *[(name, value, _NATIVE_DECODE_SOURCE) for name, value in NATIVE_DECODE.items()],
+             ("train_mfu", 0.535, _MFU_SOURCE + "train8b_mb1.json, train8b_mb2.json (0.535 / 0.541)"),
+             ("infer_mfu", 0.519, _MFU_SOURCE + "fwd8b_s2048.json (sequence 2048, micro-batch 4)"),
+             ("prefill_mfu", 0.518, _MFU_SOURCE + "fwd8b_s1024.json (1024-token prompts, batch 8)")],
 }
 
 
