@@ -117,4 +117,10 @@ def run_placement(sweep: Sweep, placement: str, simulate: bool) -> dict:
         record["measured"] = summarize(read_rl_records(run_dir / "metrics.jsonl"), sweep.warmup_steps, cfg, plan)
     except (OSError, ValueError) as err:
         return {**record, "status": "failed", "reason": str(err)}
+    measured = record["measured"]
+    if record.get("predicted") and measured["prompt_length"] is not None:
+        # Compare like with like: the table's prediction is for the lengths the run had (short prompts, early
+        # stops); the config-length one stays in the JSON.
+        record["predicted_at_config_lengths"] = record["predicted"]
+        record["predicted"] = predict_plan(cfg, plan, (measured["prompt_length"], measured["response_length"]))
     return {**record, "status": "measured"}

@@ -6,6 +6,8 @@ onto them as `MEASURED_TO_PREDICTED` says, so predicted and measured figures can
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from benchmarks.flops import actor_update_flops, mfu
 from hybridflow.config import ExperimentConfig
 from hybridflow.config.cluster import resolve_cluster
@@ -28,22 +30,30 @@ def group_measured(stage_s: dict[str, float]) -> dict[str, float]:
 
 
 def _figures(cfg: ExperimentConfig, stage_s: dict[str, float], actor_train_s: float, actor_gpus: int,
-             world: int) -> dict:
-    """Throughput and actor-update MFU of a predicted iteration (every response at full length)."""
+             world: int, seq_length: int | None = None) -> dict:
+    """Throughput and actor-update MFU of a predicted iteration of `seq_length` tokens per sample (default:
+    the config's, every prompt and response at full length)."""
     samples = cfg.data.train_batch_size * cfg.rollout.n_samples_per_prompt
-    tokens = samples * cfg.data.seq_length
+    seq_length = seq_length or cfg.data.seq_length
+    tokens = samples * seq_length
     total = sum(stage_s.values())
-    flops = actor_update_flops(cfg.model, tokens, cfg.data.seq_length, cfg.algorithm.ppo_epochs)
+    flops = actor_update_flops(cfg.model, tokens, seq_length, cfg.algorithm.ppo_epochs)
     peak = resolve_cluster(cfg.cluster).bf16_tflops
     return {"step_time_s": total, "stage_time_s": stage_s, "tokens_per_step": tokens,
             "throughput_tokens_per_s": tokens / total, "throughput_tokens_per_s_per_gpu": tokens / total / world,
             "actor_update_s": actor_train_s, "actor_update_mfu": mfu(flops, actor_train_s, actor_gpus, peak)}
 
 
-def predict_plan(cfg: ExperimentConfig, plan: Plan) -> dict:
+def predict_plan(cfg: ExperimentConfig, plan: Plan, lengths: tuple[float, float] | None = None) -> dict:
     """Cost-model figures of `plan`'s exact layouts: roles of a colocation set run one after another (their
-    times add), sets run in parallel (the slowest one counts), per stage."""
+    times add), sets run in parallel (the slowest one counts), per stage.
+
+    `lengths` = (prompt, response) tokens per sample, e.g. a run's measured means; default: the config's
+    longest prompt and full response length."""
     workload = workload_from_config(cfg)
+    if lengths is not None:
+        prompt, response = (max(1, round(n)) for n in lengths)
+        workload = replace(workload, prompt_length=prompt, response_length=response)
     device = DeviceSpec.from_cluster(cfg.cluster)
     eff = efficiency_for(cfg.cluster.gpu_type)
     memory = memory_from_config(cfg)
@@ -60,7 +70,10 @@ def predict_plan(cfg: ExperimentConfig, plan: Plan) -> dict:
     sets += [(r,) for r in role_times if r not in placed]
     stage_s = {st: max(sum(role_times[r].get(st, 0.0) for r in s) for s in sets if s) for st in STAGES}
     actor_train = role_times["actor"].get(TRAINING, 0.0)
-    return _figures(cfg, stage_s, actor_train, len(plan.meshes["actor"].ranks), plan.world_size)
+    out = _figures(cfg, stage_s, actor_train, len(plan.meshes["actor"].ranks), plan.world_size,
+                   workload.sequence_length)
+    out["lengths"] = {"prompt": workload.prompt_length, "response": workload.response_length}
+    return out
 
 
 def predict_candidate(cfg: ExperimentConfig, cand: Candidate, world: int) -> dict:

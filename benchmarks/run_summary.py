@@ -64,4 +64,8 @@ def summarize(records: list[dict], warmup_steps: int, cfg: ExperimentConfig, pla
         "parity_max_abs": max(r.get("parity/max_abs", 0.0) for r in timed),
         "parity_mean_abs": _mean([r.get("parity/mean_abs", 0.0) for r in timed]),
         "reward_mean": _mean([r.get("reward/mean", 0.0) for r in timed]),
+        # mean tokens per sample, so the cost model can be asked about the lengths the run really had
+        "prompt_length": _mean([r["prompt_length"] for r in timed]) if all("prompt_length" in r for r in timed)
+        else None,
+        "response_length": _mean([r.get("response_length", 0.0) for r in timed]),
     }

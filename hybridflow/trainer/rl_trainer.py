@@ -198,6 +198,7 @@ class RLTrainer:
         out = {
             "reward/mean": float(batch.scores.mean()), "reward/std": float(batch.scores.std()),
             "kl": kl, "kl_coef": float(self.kl_ctl.value), "response_length": float(lengths.mean()),
+            "prompt_length": float(batch.prompt_lens.float().mean()),
             "tokens_per_s": tokens / step_time, "tokens_per_s_per_gpu": tokens / step_time / world,
             "step_time_s": step_time, **parity, **_from_every_rank(metrics),
             **{f"time/{k}": v for k, v in timer.seconds.items()},

@@ -37,6 +37,10 @@ def test_tiny_cpu_benchmark_outputs(tmp_path):
     assert {"generate", "update_actor", "sync"} <= set(m["stage_time_s"])
     assert 0 < m["actor_update"]["mfu"] < 1 and m["actor_update"]["flops"] > 0
     assert colocated["predicted"]["step_time_s"] > 0 and colocated["commit"] and colocated["date"]
+    # the table's prediction is for the lengths the run had; the config-length one is kept beside it
+    lengths = colocated["predicted"]["lengths"]
+    assert lengths == {"prompt": max(1, round(m["prompt_length"])), "response": max(1, round(m["response_length"]))}
+    assert colocated["predicted_at_config_lengths"]["lengths"] == {"prompt": 16, "response": 16}
     split = json.loads((out / "split.json").read_text())
     assert split["status"] == "skipped" and "placement.resources" in split["reason"]
     assert "\n" not in split["reason"]

@@ -58,10 +58,11 @@ _ASSUMED = "assumed (not calibrated)"
 # The native rollout's decode step (rollout.engine=megatron: CUDA graphs of a megatron-core GPTModel forward,
 # eager fp32 sampling and bookkeeping in between) as fixed seconds + streamed bytes at a share of the HBM
 # datasheet + seconds per logit (batch x vocab: the LM head's output and the sampling over it, and whatever
-# else grows with the batch; the two shapes share a vocabulary, so the fit cannot split those). Fitted 2026-12-03 by benchmarks/fit_decode.py to 7
-# points measured on one H200 (TP 1; benchmarks/results/calibrate_h200_20261203/decode*.json): Llama-3.2-1B
-# and Llama-3-8B shapes, prompts 128 and 1024, batches 32-256, 3.4-15.6 ms per step; every point within 14 %.
-# Other GPU types get the same figures as an assumption (`MEASURED` marks them measured on H200 only).
+# else grows with the batch; the two shapes share a vocabulary, so the fit cannot split those). Fitted
+# 2026-12-03 by benchmarks/fit_decode.py to 7 points measured on one H200 (TP 1;
+# benchmarks/results/calibrate_h200_20261203/decode*.json): Llama-3.2-1B and Llama-3-8B shapes, prompts 128
+# and 1024, batches 32-256, 3.4-15.6 ms per step; every point within 14 %. Other GPU types get the same
+# figures as an assumption (`MEASURED` marks them measured on H200 only).
 NATIVE_DECODE = {"native_decode_hbm_efficiency": 0.541, "native_decode_step_overhead_s": 8.2e-4,
                  "native_decode_sampling_s_per_logit": 1.14e-10}
 _NATIVE_DECODE_SOURCE = ("fitted 2026-12-03 by benchmarks/fit_decode.py to native decode on one H200 (TP 1), "
