@@ -21,17 +21,21 @@ def sample_next(
         tokens = logits.argmax(dim=-1)
         return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
     logp = torch.log_softmax(logits / sampling.temperature, dim=-1)
-    filtered = logp.clone()
+    filtered = logp
+    # masked_fill, not boolean-index assignment: the latter finds the indices on the host (a sync per step).
     if sampling.top_k > 0:
         kth = torch.topk(filtered, min(sampling.top_k, filtered.size(-1)), dim=-1).values[:, -1:]
-        filtered[filtered < kth] = float("-inf")
+        filtered = filtered.masked_fill(filtered < kth, float("-inf"))
     if sampling.top_p < 1.0:
         sorted_logp, order = torch.sort(filtered, dim=-1, descending=True)
-        cumulative = sorted_logp.softmax(dim=-1).cumsum(dim=-1)
+        sorted_p = sorted_logp.softmax(dim=-1)
         # Drop a token once the mass before it already reaches top_p; the first token always stays.
-        drop_sorted = (cumulative - sorted_logp.softmax(dim=-1)) >= sampling.top_p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        filtered[drop] = float("-inf")
+        drop_sorted = (sorted_p.cumsum(dim=-1) - sorted_p) >= sampling.top_p
+        filtered = filtered.masked_fill(torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted), float("-inf"))
+    # Exponential race: argmax p_i / E_i over E_i ~ Exp(1) draws i with probability p_i, as torch.multinomial
+    # does for one sample, without multinomial's host-side validity checks (two syncs per decode step).
+    # A draw of exactly 0 would turn a filtered token's 0 / 0 into NaN, hence the clamp.
     probs = filtered.softmax(dim=-1)
-    tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    race = torch.empty_like(probs).exponential_(generator=generator).clamp_(min=torch.finfo(probs.dtype).tiny)
+    tokens = (probs / race).argmax(dim=-1)
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)

@@ -43,3 +43,18 @@ def test_temperature_scales_the_distribution():
     p0 = torch.softmax(logits[0] / 0.5, -1)[0].item()
     assert abs((toks == 0).float().mean().item() - p0) < 0.03
     assert torch.allclose(logps, torch.log_softmax(logits[0] / 0.5, -1)[toks])
+
+
+def test_draw_frequencies_follow_the_probabilities():
+    probs = torch.tensor([[0.4, 0.25, 0.2, 0.1, 0.05]])
+    toks, _ = _draws(probs.log(), SamplingParams(max_new_tokens=1), n=40000)
+    freq = torch.bincount(toks, minlength=5).float() / toks.numel()
+    # 40000 draws: the standard error of each frequency is below 0.0025
+    assert torch.allclose(freq, probs[0], atol=0.01), freq
+
+
+def test_filtered_tokens_are_never_drawn():
+    # nearly flat: without the filter almost every draw would land outside the top 3
+    logits = -0.001 * torch.arange(1000, dtype=torch.float32)[None]
+    toks, _ = _draws(logits, SamplingParams(max_new_tokens=1, top_k=3), n=20000)
+    assert set(toks.tolist()) == {0, 1, 2}
