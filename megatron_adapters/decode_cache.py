@@ -10,6 +10,8 @@ column being decoded is a device tensor (`DecodeCache.start`), so one captured g
 - `PositionedRotary` stands in for the model's rotary embedding while a cache is attached: the angles of the
   fed tokens' true columns, read from a table with the device-side start column.
 - `attach_decode_cache(model, batch, max_len)` wires both in for one generation and takes them out after.
+- `last_position_logits(model)`: while active, the output layer sees only the last position, so a prefill
+  does not materialize [batch, prompt, vocab] logits to use one column of them.
 """
 
 from __future__ import annotations
@@ -118,3 +120,24 @@ def attach_decode_cache(model: torch.nn.Module, batch: int, max_len: int) -> Ite
             layer.cache = None
         cache.keys.clear()
         cache.values.clear()
+
+
+@contextlib.contextmanager
+def last_position_logits(model: torch.nn.Module) -> Iterator[None]:
+    """While active, `model`'s output layer computes logits for the last position only (the model returns
+    [batch, 1, vocab]). A prefill needs just those: at 128 x 1024 prompt tokens and a 128k vocabulary the
+    full bf16 logits are 34 GB. With sequence parallelism the layer's input is a sequence shard, so it is
+    left alone."""
+    layer = model.output_layer
+    if getattr(layer, "sequence_parallel", False):
+        yield
+        return
+
+    def last_only(_module, args, kwargs):
+        return (args[0][-1:], *args[1:]), kwargs  # hidden states are [seq, batch, hidden]
+
+    handle = layer.register_forward_pre_hook(last_only, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()

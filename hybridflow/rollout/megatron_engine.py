@@ -18,7 +18,7 @@ import torch.distributed as dist
 from hybridflow.rollout.base import RolloutBatch, SamplingParams
 from hybridflow.rollout.decode_step import ATTEND_BUCKET, DecodeStep
 from hybridflow.rollout.sampling import sample_next
-from megatron_adapters.decode_cache import attach_decode_cache
+from megatron_adapters.decode_cache import attach_decode_cache, last_position_logits
 
 # Reading `done` on the host synchronises with the device; on a GPU checking every few steps lets the host
 # queue the next steps' kernels meanwhile (steps after every row is done write only padding).
@@ -63,7 +63,8 @@ class MegatronRolloutEngine:
         check_every = 1 if device.type == "cpu" else GPU_DONE_CHECK_EVERY
         with attach_decode_cache(self.model, bsz, total) as cache:
             positions = torch.arange(end, device=device).expand(bsz, end)
-            logits = self.model(tokens[:, :end], positions, None)[:, -1, :]  # prefill from column 0
+            with last_position_logits(self.model):  # prefill from column 0; only its last logits are used
+                logits = self.model(tokens[:, :end], positions, None)[:, -1, :]
             step = DecodeStep(self.model, cache, bsz, device, self.attend_bucket, self.use_graphs)
             while True:
                 next_tok, next_logp = self._sample(logits, sampling, generator)

@@ -35,6 +35,33 @@ def _generate(hf_dir: str, tp: int, sampling: SamplingParams, attend_bucket: int
     return out.tokens, out.response_mask, out.logprobs
 
 
+def _prefill_logits(hf_dir: str):
+    from megatron_adapters.decode_cache import last_position_logits
+    from megatron_adapters.hf_safetensors import load_hf_weights
+    from megatron_adapters.model import build_gpt
+    from megatron_adapters.process_groups import build_role_groups
+
+    pgs = build_role_groups([0], tp=1, pp=1, dp=1)
+    model = build_gpt(hf_dir, pgs, spec="decode")
+    load_hf_weights(model, hf_dir)
+    model.eval()
+    ids = torch.tensor([PROMPTS[0], [3, 4, 6, 1, 8]])
+    positions = torch.arange(ids.shape[1]).expand_as(ids)
+    with torch.no_grad():
+        full = model(ids, positions, None)
+        with last_position_logits(model):
+            last = model(ids, positions, None)
+        after = model(ids, positions, None)
+    return full, last, after
+
+
+def test_prefill_computes_the_last_positions_logits_only(hf_model):
+    full, last, after = run_distributed(_prefill_logits, world_size=1, args=(hf_model[0],))[0]
+    assert last.shape == (2, 1, full.shape[-1])
+    torch.testing.assert_close(last[:, 0], full[:, -1], atol=1e-5, rtol=0)
+    assert after.shape == full.shape  # the hook is gone afterwards
+
+
 @pytest.fixture(scope="module")
 def hf_model(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny_llama")
