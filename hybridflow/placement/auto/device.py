@@ -59,14 +59,15 @@ _ASSUMED = "assumed (not calibrated)"
 # eager fp32 sampling and bookkeeping in between) as fixed seconds + streamed bytes at a share of the HBM
 # datasheet + seconds per logit (batch x vocab: the LM head's output and the sampling over it, and whatever
 # else grows with the batch; the two shapes share a vocabulary, so the fit cannot split those). Fitted
-# 2026-12-03 by benchmarks/fit_decode.py to 7 points measured on one H200 (TP 1;
-# benchmarks/results/calibrate_h200_20261203/decode*.json): Llama-3.2-1B and Llama-3-8B shapes, prompts 128
-# and 1024, batches 32-256, 3.4-15.6 ms per step; every point within 14 %. Other GPU types get the same
-# figures as an assumption (`MEASURED` marks them measured on H200 only).
-NATIVE_DECODE = {"native_decode_hbm_efficiency": 0.541, "native_decode_step_overhead_s": 8.2e-4,
+# 2026-12-03 by benchmarks/fit_decode.py to 14 points measured on one H200 (TP 1;
+# benchmarks/results/calibrate_h200_20261203/decode*.json, two runs): Llama-3.2-1B and Llama-3-8B shapes,
+# prompts 128 and 1024, batches 32-256, 3.3-15.6 ms per step; the 8B points within 8 %, the 1B ones within
+# 19 % (batch 64 under, batch 256 over: the per-row term is one figure for both widths). Other GPU types get
+# the same figures as an assumption (`MEASURED` marks them measured on H200 only).
+NATIVE_DECODE = {"native_decode_hbm_efficiency": 0.539, "native_decode_step_overhead_s": 7.2e-4,
                  "native_decode_sampling_s_per_logit": 1.14e-10}
 _NATIVE_DECODE_SOURCE = ("fitted 2026-12-03 by benchmarks/fit_decode.py to native decode on one H200 (TP 1), "
-                         "1B and 8B shapes, 7 points within 14 % (benchmarks/results/calibrate_h200_20261203/)")
+                         "1B and 8B shapes, 14 points within 19 % (benchmarks/results/calibrate_h200_20261203/)")
 # Forward + backward and forward-only MFU in the planner's FLOP convention (`ModelShape.forward_flops_per_token`
 # at the causal mean context), Llama-3-8B shape, TP = PP = 1, megatron-core with torch SDPA (no Transformer
 # Engine): benchmarks/actor_mfu.py --shape 8b [--mode forward]; at the 1.5B shape the same runs give 0.44 / 0.37.
