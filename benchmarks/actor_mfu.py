@@ -54,7 +54,17 @@ LLAMA3_8B = dict(
     num_key_value_heads=8,
     vocab_size=128256,
 )
-SHAPES = {"1.5b": FULL, "8b": LLAMA3_8B}
+# Qwen2-7B's dimensions (a wider vocabulary, 7 query heads per KV head) in the Llama layout (no QKV bias):
+# a third shape for fitting the decode-step figures.
+QWEN2_7B = dict(
+    hidden_size=3584,
+    intermediate_size=18944,
+    num_hidden_layers=28,
+    num_attention_heads=28,
+    num_key_value_heads=4,
+    vocab_size=152064,
+)
+SHAPES = {"1.5b": FULL, "8b": LLAMA3_8B, "qwen7b": QWEN2_7B}
 QUICK = dict(
     hidden_size=64,
     intermediate_size=128,

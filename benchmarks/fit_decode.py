@@ -1,6 +1,6 @@
 """Fit the native rollout's decode-step figures of the cost model to `decode_roofline` runs.
 
-    python -m benchmarks.fit_decode benchmarks/results/calibrate_h200_20261203/decode*.json
+    python -m benchmarks.fit_decode benchmarks/results/calibrate_h200_20261203/decode{1b,8b}*.json
 
 A decode step of the native engine is modelled (placement/auto/cost_model.py) as
 

@@ -159,6 +159,7 @@ def test_vllm_sleep_level_1_copies_the_rollout_shard_out_and_back_over_pcie():
 # Llama-3.2-1B (conf/model/llama_1b.yaml) on the one H200 the native rollout was measured on.
 LLAMA_1B = ModelShape(2048, 8192, 16, 32, 8, 128256, tie_embeddings=True)
 LLAMA3_8B = ModelShape(4096, 14336, 32, 32, 8, 128256)
+QWEN2_7B = ModelShape(3584, 18944, 28, 28, 4, 152064)  # its dimensions in the Llama layout (benchmarks/actor_mfu.py)
 CALIBRATION = Path(__file__).resolve().parents[3] / "benchmarks/results/calibrate_h200_20261203"
 H200 = DeviceSpec.from_cluster(ClusterConfig(nodes=1, gpus_per_node=1, gpu_type="H200"))
 
@@ -178,9 +179,9 @@ def _decode_runs():
 @pytest.mark.parametrize("name, run, row", list(_decode_runs()), ids=lambda v: v if isinstance(v, str) else "")
 def test_native_rollout_decode_step_is_within_20_percent_of_each_measured_step(name, run, row):
     # benchmarks/results/calibrate_h200_20261203/decode*.json (decode_roofline on one H200, CUDA graphs):
-    # Llama-3.2-1B and Llama-3-8B shapes, prompts 128 and 1024, batches 32-256, two runs.
+    # Llama-3.2-1B and Llama-3-8B shapes (two runs) and Qwen2-7B's, prompts 128 and 1024, batches 32-256.
     eff = replace(efficiency_for("H200"), role_pass_overhead_s=0.0)
-    model = {"1.5b": LLAMA_1B, "8b": LLAMA3_8B}[run["shape"]]
+    model = {"1.5b": LLAMA_1B, "8b": LLAMA3_8B, "qwen7b": QWEN2_7B}[run["shape"]]
     # (the built model also has a final norm, which ModelShape leaves out)
     assert model.weight_bytes == pytest.approx(run["weight_bytes"], rel=1e-5)
     assert model.kv_bytes_per_token == run["kv_bytes_per_token"]
@@ -194,8 +195,10 @@ def test_native_rollout_decode_step_is_within_20_percent_of_each_measured_step(n
                + (model.weight_bytes + batch * (prompt + new / 2) * model.kv_bytes_per_token) / rate)
     step_s = (parts["decode_host"] + parts["decode_weights"] + parts["decode_kv"]) / new
     assert step_s == pytest.approx(by_hand, rel=1e-12)
-    # one set of figures for both shapes: the 8B points are within 8 %, the 1B ones within 19 %
-    assert step_s == pytest.approx(row["decode_ms_per_step"] / 1e3, rel=0.08 if run["shape"] == "8b" else 0.2)
+    # one set of figures fitted on the 1B and 8B runs (8B within 8 %, 1B within 19 %); the Qwen2-7B shape was
+    # held out of the fit (wider vocabulary, 7 query heads per KV head) and lands within 13 %
+    assert step_s == pytest.approx(row["decode_ms_per_step"] / 1e3, rel={"8b": 0.08, "1.5b": 0.2, "qwen7b": 0.15}[
+        run["shape"]])
 
 
 def test_vllm_decode_keeps_its_own_assumed_figures():
