@@ -5,12 +5,14 @@
 A decode step of the native engine is modelled (placement/auto/cost_model.py) as
 
     seconds = step_overhead + (weight bytes + batch * context * KV bytes per token) / (HBM peak * efficiency)
-              + batch * vocab * sampling seconds per logit
+              + batch * hidden size * seconds per row and hidden unit
 
-(the fixed part: graph launch and the eager bookkeeping between steps; the streamed part; the eager fp32
-sampling over the full vocabulary per row). Each row of each file is one (shape, prompt, batch) point with
-its mean ms per decode step; the three figures come from a least-squares fit over all points, and the
-per-point error says how well one set of figures covers the shapes measured.
+(the fixed part: graph launch and the eager bookkeeping between steps; the streamed part; work per row that
+grows with the model's width, e.g. every layer's elementwise kernels and the GEMMs' batch dimension). Each row
+of each file is one (shape, prompt, batch) point with its mean ms per decode step; the three figures come
+from a least-squares fit over the points given, and the per-point error says how well one set of figures
+covers the shapes measured. On the H200 runs a per-row term in batch x vocabulary fitted worse and, next to
+this one, came out negative (benchmarks/results/calibrate_h200_20261203/README.md).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ class DecodePoint:
     step_s: float
     weight_bytes: float
     kv_bytes: float  # the batch's KV cache at the mean context of the decode steps
-    logits: float  # batch * vocab
+    row_hidden: float  # batch * hidden size
 
     @property
     def streamed_bytes(self) -> float:
@@ -44,11 +46,11 @@ class DecodePoint:
 class DecodeFit:
     step_overhead_s: float
     hbm_efficiency: float
-    sampling_s_per_logit: float
+    s_per_row_hidden: float
 
     def step_s(self, p: DecodePoint, hbm_bytes_per_s: float) -> float:
         return (self.step_overhead_s + p.streamed_bytes / (hbm_bytes_per_s * self.hbm_efficiency)
-                + p.logits * self.sampling_s_per_logit)
+                + p.row_hidden * self.s_per_row_hidden)
 
 
 def load_points(paths: list[Path]) -> list[DecodePoint]:
@@ -56,25 +58,25 @@ def load_points(paths: list[Path]) -> list[DecodePoint]:
     points = []
     for path in paths:
         run = json.loads(path.read_text())
-        vocab = SHAPES[run["shape"]]["vocab_size"]
+        hidden = SHAPES[run["shape"]]["hidden_size"]
         prompt, new = run["prompt"], run["new_tokens"]
         # decode step j = 1 .. new - 1 attends over prompt + j tokens (decode_roofline_seconds)
         context = prompt + new / 2
         for row in run["rows"]:
             points.append(DecodePoint(run["shape"], row["batch"], prompt, row["decode_ms_per_step"] / 1e3,
                                       run["weight_bytes"], row["batch"] * context * run["kv_bytes_per_token"],
-                                      row["batch"] * vocab))
+                                      row["batch"] * hidden))
     return points
 
 
 def fit(points: list[DecodePoint], hbm_bytes_per_s: float) -> DecodeFit:
-    """Least squares of step seconds on (1, streamed bytes, logits)."""
-    a = torch.tensor([[1.0, p.streamed_bytes, p.logits] for p in points], dtype=torch.float64)
+    """Least squares of step seconds on (1, streamed bytes, batch x hidden)."""
+    a = torch.tensor([[1.0, p.streamed_bytes, p.row_hidden] for p in points], dtype=torch.float64)
     y = torch.tensor([p.step_s for p in points], dtype=torch.float64)
     scale = a.abs().amax(dim=0)  # columns differ by ~1e10: solve on unit-scaled columns
     coef = torch.linalg.lstsq(a / scale, y.unsqueeze(1)).solution.squeeze(1) / scale
-    overhead, per_byte, per_logit = coef.tolist()
-    return DecodeFit(overhead, 1.0 / (per_byte * hbm_bytes_per_s), per_logit)
+    overhead, per_byte, per_row_hidden = coef.tolist()
+    return DecodeFit(overhead, 1.0 / (per_byte * hbm_bytes_per_s), per_row_hidden)
 
 
 def main(argv=None) -> DecodeFit:
@@ -86,7 +88,7 @@ def main(argv=None) -> DecodeFit:
     points = load_points(args.files)
     result = fit(points, hbm)
     print(f"step_overhead_s {result.step_overhead_s:.3e}  hbm_efficiency {result.hbm_efficiency:.3f}  "
-          f"sampling_s_per_logit {result.sampling_s_per_logit:.3e}")
+          f"s_per_row_hidden {result.s_per_row_hidden:.3e}")
     for p in points:
         model = result.step_s(p, hbm)
         print(f"  {p.shape:>4} prompt {p.prompt:>4} batch {p.batch:>3}: measured {p.step_s * 1e3:6.2f} ms, "

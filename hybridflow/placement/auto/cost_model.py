@@ -8,7 +8,7 @@
   the batch from HBM, plus per-layer latencies (TP all-reduces, kernel launches); prefill is compute-bound.
   Both engines replay CUDA graphs. vLLM streams at `hbm_efficiency` plus an assumed launch term per layer;
   the native engine (graphs of megatron-core forwards, eager sampling) streams at its own rate plus a fixed
-  time per step and a sampling time per logit, fitted on one H200 (device.py NATIVE_DECODE). When a
+  time per step and a time per batch row and hidden unit, fitted on one H200 (device.py NATIVE_DECODE). When a
   replica's batch does not fit the rollout's KV budget, it runs in waves.
   The bridge (training -> rollout layout, HybridFlow Table 2) and the rollout's sleep/wake weight copies
   to host memory are charged here.
@@ -102,13 +102,13 @@ def generation_breakdown(role: RoleWork, s: Strategy, workload: Workload, device
         return {"decode_kv": math.inf}
     waves = math.ceil(batch / capacity)
     wave = math.ceil(batch / waves)
-    # The native engine replays CUDA graphs of megatron-core forwards and samples eagerly in fp32 over the
-    # whole vocabulary (every TP rank on the gathered logits); its figures are fitted to measured steps, so
-    # it has no separate launch term.
+    # The native engine replays CUDA graphs of megatron-core forwards and samples eagerly; its figures are
+    # fitted to measured steps (TP 1), so it has no separate launch term. The per-row term is not divided by
+    # the TP size: the fit cannot say how much of it is replicated work (norms, residuals, sampling).
     native = workload.rollout_engine == "megatron"
     hbm = device.hbm_bytes_per_s * (eff.native_decode_hbm_efficiency if native else eff.hbm_efficiency)
     launch = 0.0 if native else eff.decode_layer_overhead_s
-    host = (eff.native_decode_step_overhead_s + wave * m.vocab_size * eff.native_decode_sampling_s_per_logit
+    host = (eff.native_decode_step_overhead_s + wave * m.hidden_size * eff.native_decode_s_per_row_hidden
             if native else 0.0)
 
     prefill = m.forward_flops_per_token(prompt / 2) * wave * prompt / (g * device.peak_flops * eff.prefill_mfu)
@@ -124,16 +124,18 @@ def generation_breakdown(role: RoleWork, s: Strategy, workload: Workload, device
     steps = waves * response
     out = {"prefill": waves * prefill, "decode_latency": steps * latency,
            "bridge": bridge_time(m.weight_bytes, s.tp, s.pp, g, device, eff)}
-    if native:  # the step's fixed time and its eager sampling
-        out["decode_host"] = steps * host
     if workload.rollout_offloads_weights and device.host_bytes_per_s > 0:
         # Sleep after generating copies the shard to host memory, wake-up copies it back (then the bridge
         # overwrites it); every GPU copies its own shard at once.
         out["sleep_wake"] = 2 * m.weight_bytes / g / (device.host_bytes_per_s * eff.host_link_efficiency)
-    if compute > weights + kv:
+    # The native engine's fitted step (host = its fixed and per-row terms) already covers batches up to 256
+    # rows; the compute roofline is a floor under it.
+    if compute > weights + kv + host:
         out["decode_compute"] = steps * compute
     else:  # memory-bound: every step streams the weight shard and the batch's KV cache
         out.update(decode_weights=steps * weights, decode_kv=steps * kv)
+        if native:
+            out["decode_host"] = steps * host
     return out
 
 

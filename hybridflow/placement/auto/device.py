@@ -57,18 +57,18 @@ _ASSUMED = "assumed (not calibrated)"
 
 # The native rollout's decode step (rollout.engine=megatron: CUDA graphs of a megatron-core GPTModel forward,
 # eager fp32 sampling and bookkeeping in between) as fixed seconds + streamed bytes at a share of the HBM
-# datasheet + seconds per logit (batch x vocab: the LM head's output and the sampling over it, and whatever
-# else grows with the batch; the two shapes share a vocabulary, so the fit cannot split those). Fitted
+# datasheet + seconds per batch row and hidden unit (work per row that grows with the model's width). Fitted
 # 2026-12-03 by benchmarks/fit_decode.py to 14 points measured on one H200 (TP 1;
-# benchmarks/results/calibrate_h200_20261203/decode*.json, two runs): Llama-3.2-1B and Llama-3-8B shapes,
-# prompts 128 and 1024, batches 32-256, 3.3-15.6 ms per step; the 8B points within 8 %, the 1B ones within
-# 19 % (batch 64 under, batch 256 over: the per-row term is one figure for both widths); a held-out third
-# shape (Qwen2-7B's dimensions, vocabulary 152k) lands within 13 %. Other GPU types get the same figures as an
-# assumption (`MEASURED` marks them measured on H200 only).
-NATIVE_DECODE = {"native_decode_hbm_efficiency": 0.539, "native_decode_step_overhead_s": 7.2e-4,
-                 "native_decode_sampling_s_per_logit": 1.14e-10}
+# benchmarks/results/calibrate_h200_20261203/decode{1b,8b}*.json, two runs): Llama-3.2-1B and Llama-3-8B
+# shapes, prompts 128 and 1024, batches 32-256, 3.3-15.6 ms per step, every point within 9 %; a held-out
+# third shape (Qwen2-7B's dimensions, vocabulary 152k) lands within 9 % too. A per-row term in batch x vocab
+# fitted worse (19 %). Other GPU types get the same figures as an assumption (`MEASURED` marks them measured
+# on H200 only).
+NATIVE_DECODE = {"native_decode_hbm_efficiency": 0.639, "native_decode_step_overhead_s": 1.57e-3,
+                 "native_decode_s_per_row_hidden": 5.09e-9}
 _NATIVE_DECODE_SOURCE = ("fitted 2026-12-03 by benchmarks/fit_decode.py to native decode on one H200 (TP 1), "
-                         "1B and 8B shapes, 14 points within 19 % (benchmarks/results/calibrate_h200_20261203/)")
+                         "1B and 8B shapes, 14 points within 9 %, a held-out Qwen2-7B shape within 9 % "
+                         "(benchmarks/results/calibrate_h200_20261203/)")
 # Forward + backward and forward-only MFU in the planner's FLOP convention (`ModelShape.forward_flops_per_token`
 # at the causal mean context), Llama-3-8B shape, TP = PP = 1, megatron-core with torch SDPA (no Transformer
 # Engine): benchmarks/actor_mfu.py --shape 8b [--mode forward]; at the 1.5B shape the same runs give 0.44 / 0.37.
@@ -95,10 +95,10 @@ class Efficiency:
     # this repo's machines has been timed, so vLLM has no measured host floor.
     decode_layer_overhead_s: float = 15e-6
     # The native rollout's decode step (see NATIVE_DECODE): bytes stream at this share of HBM peak, plus a
-    # fixed time per step and the eager sampling's time per logit.
+    # fixed time per step and a time per batch row and hidden unit.
     native_decode_hbm_efficiency: float = NATIVE_DECODE["native_decode_hbm_efficiency"]
     native_decode_step_overhead_s: float = NATIVE_DECODE["native_decode_step_overhead_s"]
-    native_decode_sampling_s_per_logit: float = NATIVE_DECODE["native_decode_sampling_s_per_logit"]
+    native_decode_s_per_row_hidden: float = NATIVE_DECODE["native_decode_s_per_row_hidden"]
     # Share of the data-parallel gradient sync hidden under backward compute (Megatron overlap_grad_reduce).
     dp_overlap: float = 0.0
     # Fixed cost of one role's pass in one stage, whatever the GPU count: batch broadcast from and results
