@@ -216,12 +216,20 @@ def build_optimizer(
     return RoleOptimizer(optimizer, scheduler, tuple(ddp_chunks))
 
 
+# World-wide `all_gather_object` calls one `get_megatron_optimizer` makes (megatron-core 0.19,
+# megatron/core/optimizer/__init__.py): `_get_param_groups` aligns param-group keys across the whole world once
+# for the dense parameters of our single model chunk and once for the expert-parallel ones (none here, but
+# the gather still runs). tests/megatron_adapters/test_optimizer.py counts them.
+OPTIMIZER_BUILD_GATHERS = 2
+
+
 def join_optimizer_build_elsewhere() -> None:
     """What a rank outside a trained role calls while that role's ranks run `build_optimizer`.
 
-    megatron-core aligns param groups across the *whole world* (`_get_param_groups` in
-    megatron/core/optimizer/__init__.py does one `all_gather_object` on the default group), so every rank
-    must join that gather once per optimizer built anywhere, contributing no groups.
+    megatron-core aligns param groups across the *whole world*, so every rank must join each of those
+    gathers (`OPTIMIZER_BUILD_GATHERS` per optimizer built anywhere), contributing no groups. One join too
+    few pairs calls of different builds and, once the counts differ between ranks, hangs.
     """
-    gathered = [None] * torch.distributed.get_world_size()
-    torch.distributed.all_gather_object(gathered, [])
+    for _ in range(OPTIMIZER_BUILD_GATHERS):
+        gathered = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(gathered, [])

@@ -116,3 +116,41 @@ def test_distributed_optimizer_step_matches_single_process():
             per_replica = MICRO_BATCHES // ROLES[name][2]
             expected = ref_losses[role["dp_rank"] * per_replica : (role["dp_rank"] + 1) * per_replica]
             assert role["losses"] == pytest.approx(expected, rel=1e-5), name
+
+
+def _count_world_gathers() -> tuple[int, int]:
+    import torch.distributed as dist
+
+    from megatron_adapters.optimizer import (
+        OPTIMIZER_BUILD_GATHERS,
+        OptimizerSettings,
+        TrainingPrecision,
+        build_optimizer,
+        wrap_for_training,
+    )
+    from megatron_adapters.process_groups import build_role_groups, seed_role_rng
+
+    pgs = build_role_groups([0], tp=1, pp=1, dp=1)
+    seed_role_rng(5, pgs)
+    chunks = wrap_for_training([tiny_gpt.tiny_gpt(pgs)], pgs)
+    calls = []
+    original = dist.all_gather_object
+
+    def counting(*args, **kwargs):
+        if kwargs.get("group", args[2] if len(args) > 2 else None) is None:  # the default (world) group
+            calls.append(1)
+        return original(*args, **kwargs)
+
+    dist.all_gather_object = counting
+    try:
+        build_optimizer(chunks, pgs, OptimizerSettings(lr=LR), TrainingPrecision.from_name("fp32"))
+    finally:
+        dist.all_gather_object = original
+    return len(calls), OPTIMIZER_BUILD_GATHERS
+
+
+def test_ranks_outside_a_role_join_as_many_world_gathers_as_its_optimizer_build_makes():
+    # A rank outside a trained role joins OPTIMIZER_BUILD_GATHERS world-wide gathers per optimizer built
+    # elsewhere (join_optimizer_build_elsewhere); one too few hung a placement with a rank in no trained role.
+    made, joined = run_distributed(_count_world_gathers, world_size=1)[0]
+    assert made == joined

@@ -41,6 +41,26 @@ def test_ppo_reward_rises(tmp_path, placement):
     assert (tmp_path / "final_hf" / "config.json").exists()
 
 
+AUTO = ("placement=auto", "data.train_batch_size=8", "algorithm.mini_batch_size=8", "rollout.max_new_tokens=4",
+        "data.max_prompt_length=16", "data.seq_length=32", "roles.actor.micro_batch_size=1",
+        "roles.critic.micro_batch_size=1")
+
+
+def test_auto_placement_runs_its_plan(tmp_path):
+    from hybridflow.config import load_experiment
+    from hybridflow.placement import plan_placement
+
+    plan = plan_placement(load_experiment("tiny_cpu", list(AUTO)))
+    trained = set(plan.meshes["actor"].ranks) | set(plan.meshes["critic"].ranks)
+    # The layout this covers: a rank in no trained role, which must still join the world-wide gathers of
+    # every optimizer built elsewhere (it hung before the rank joined all of them).
+    assert set(range(plan.world_size)) - trained, plan.meshes
+    run(tmp_path, "+experiment=tiny_cpu", *AUTO, "trainer.total_steps=2", "trainer.save_every=0")
+    records = rl_records(tmp_path)
+    assert [r["step"] for r in records] == [1, 2]
+    assert all("critic/vf_loss" in r and "actor/pg_loss" in r for r in records)
+
+
 def test_grpo_reward_rises(tmp_path):
     # measured: mean reward of steps 1-5 ~0.21, of 16-20 ~0.43
     run(tmp_path, "+experiment=grpo_tiny_cpu", "trainer.total_steps=20")

@@ -124,8 +124,13 @@ class SetSolver:
     def _solve(self, roles: tuple[str, ...], gpus: int) -> SetSolution:
         fronts = [self.role_options(r, gpus) for r in roles]
         for r, front in zip(roles, fronts, strict=True):
-            if not front:
-                return SetSolution(roles, gpus, reason=f"{r} has no strategy that fits alone on {gpus} GPUs")
+            if front:
+                continue
+            if not strategies_for(self.workload.role(r), gpus, self.device, self.workload):
+                why = "no layout gives every rank whole micro-batches"
+            else:
+                why = "no layout fits memory alone"
+            return SetSolution(roles, gpus, reason=f"{r} on {gpus} GPUs: {why}")
         min_mem = [min(o[0] for o in f) for f in fronts]
         min_time = [min(sum(o[1].values()) for o in f) for f in fronts]
         if sum(min_mem) > self.capacity:

@@ -6,6 +6,7 @@ from dataclasses import replace
 import pytest
 
 from hybridflow.config import load_experiment
+from hybridflow.errors import UserError
 from hybridflow.placement import plan_placement
 from hybridflow.placement.auto import (
     DeviceSpec,
@@ -28,6 +29,13 @@ def test_tiny_cpu_auto_plan_is_a_checked_plan():
     covered = sorted({r for m in plan.meshes.values() for r in m.ranks})
     assert covered == list(range(cfg.cluster.world_size))
     assert plan.meshes["rollout"].ranks == plan.meshes["actor"].ranks
+
+
+def test_a_micro_batch_that_divides_no_batch_is_named_not_reported_as_memory():
+    cfg = load_experiment("tiny_cpu", ["placement=auto", "algorithm.mini_batch_size=4"])  # actor micro-batch 8
+    with pytest.raises(UserError, match=r"^algorithm\.mini_batch_size: 4 is not divisible by "
+                                        r"roles\.actor\.micro_batch_size = 8; use a multiple of 8"):
+        plan_placement(cfg)
 
 
 def test_workload_follows_the_config():
