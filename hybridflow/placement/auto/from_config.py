@@ -21,6 +21,7 @@ from hybridflow.placement.auto.workload import (
     RoleWork,
     Workload,
 )
+from hybridflow.placement.checks import check_batch_sizes
 from hybridflow.placement.memory import GIB, estimate_role_memory
 from hybridflow.placement.mesh import Dims
 from hybridflow.placement.planner import Plan, build_plan
@@ -82,23 +83,14 @@ def memory_from_config(cfg: ExperimentConfig) -> MemoryFn:
     return memory
 
 
-def _check_micro_batches(workload: Workload) -> None:
-    """Every layout needs whole micro-batches per rank; a micro-batch that does not divide the role's batch
-    even at DP 1 rules out every layout, which is a config error, not a placement result."""
-    for role in workload.roles:
-        batch, field = ((workload.mini_batch_size, "algorithm.mini_batch_size") if role.trains else
-                        (workload.samples, "data.train_batch_size x rollout.n_samples_per_prompt"))
-        if batch % role.micro_batch_size:
-            raise UserError(f"{field}: {batch} is not divisible by roles.{role.name}.micro_batch_size = "
-                            f"{role.micro_batch_size}; use a multiple of {role.micro_batch_size} or lower "
-                            f"roles.{role.name}.micro_batch_size")
-
-
 def search_config(cfg: ExperimentConfig, eff: Efficiency | None = None) -> SearchResult:
     """Algorithm 1 over `cfg`'s roles and cluster (cost-model factors: `eff`, else the defaults with the
     figures measured on `cfg.cluster.gpu_type`)."""
     workload = workload_from_config(cfg)
-    _check_micro_batches(workload)
+    # A micro-batch that splits no batch even at DP 1 rules out every layout: a config error (the explicit
+    # planner's own check, at DP 1), not "nothing fits".
+    for role in workload.roles:
+        check_batch_sizes(cfg, role.name, Dims(tp=1, pp=1, dp=1))
     device = DeviceSpec.from_cluster(cfg.cluster)
     eff = eff or efficiency_for(cfg.cluster.gpu_type)
     capacity = cfg.cluster.gpu_memory_gib * GIB * (1 - MEMORY_HEADROOM)

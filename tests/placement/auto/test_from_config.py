@@ -33,8 +33,8 @@ def test_tiny_cpu_auto_plan_is_a_checked_plan():
 
 def test_a_micro_batch_that_divides_no_batch_is_named_not_reported_as_memory():
     cfg = load_experiment("tiny_cpu", ["placement=auto", "algorithm.mini_batch_size=4"])  # actor micro-batch 8
-    with pytest.raises(UserError, match=r"^algorithm\.mini_batch_size: 4 is not divisible by "
-                                        r"roles\.actor\.micro_batch_size = 8; use a multiple of 8"):
+    with pytest.raises(UserError, match=r"^algorithm\.mini_batch_size: 4 is not divisible by actor dp x "
+                                        r"micro_batch_size = 1 x 8 = 8; use a multiple of 8"):
         plan_placement(cfg)
 
 
