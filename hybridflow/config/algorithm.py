@@ -4,24 +4,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hybridflow.config.bounds import bounded
+
 ALGORITHMS = ("ppo", "grpo")
 KL_CONTROLLERS = ("fixed", "adaptive")
 
 
 @dataclass
 class AlgorithmConfig:
-    name: str = "ppo"  # "ppo" | "grpo"
-    gamma: float = 1.0
-    lam: float = 0.95
-    cliprange: float = 0.2
-    cliprange_value: float = 0.2
-    kl_coef: float = 0.05
-    kl_controller: str = "fixed"  # "fixed" | "adaptive"
-    kl_target: float = 6.0
-    kl_horizon: int = 10000
+    name: str = bounded("ppo", choices=ALGORITHMS)
+    gamma: float = bounded(1.0, ge=0, le=1)
+    lam: float = bounded(0.95, ge=0, le=1)
+    cliprange: float = bounded(0.2, gt=0, le=1)
+    cliprange_value: float = bounded(0.2, gt=0)
+    kl_coef: float = bounded(0.05, ge=0)
+    kl_controller: str = bounded("fixed", choices=KL_CONTROLLERS)
+    kl_target: float = bounded(6.0, gt=0)
+    kl_horizon: int = bounded(10000, ge=1)
     kl_in_reward: bool = True  # True: KL penalty in the reward (PPO); False: KL loss term (GRPO style)
-    entropy_coef: float = 0.0
+    entropy_coef: float = bounded(0.0, ge=0)
     whiten_advantages: bool = True
-    ppo_epochs: int = 1
+    ppo_epochs: int = bounded(1, ge=1)
     # Samples (prompt x response) per optimizer step; must divide train_batch_size * n_samples_per_prompt.
-    mini_batch_size: int = 8
+    mini_batch_size: int = bounded(8, ge=1)

@@ -4,27 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from hybridflow.config.bounds import bounded
 from hybridflow.errors import UserError
-
-
-@dataclass
-class ClusterConfig:
-    """Bandwidths are GB/s (gigabytes) per GPU; `None` fields take the `gpu_type` default below."""
-
-    nodes: int = 1
-    gpus_per_node: int = 4
-    gpu_type: str = "cpu"
-    gpu_memory_gib: float | None = None
-    nvlink_domain_size: int | None = None  # GPUs per NVLink domain; None = gpus_per_node
-    bf16_tflops: float | None = None  # dense peak
-    hbm_tbps: float | None = None
-    intra_node_gbps: float | None = None
-    inter_node_gbps: float | None = None
-
-    @property
-    def world_size(self) -> int:
-        return self.nodes * self.gpus_per_node
-
 
 # Public datasheet figures (SXM parts). "cpu" is a CPU process standing in for a GPU: its memory is
 # the budget we give each such process on a 24 GiB development machine.
@@ -36,15 +17,27 @@ GPU_DEFAULTS: dict[str, dict[str, float]] = {
 }
 
 
+@dataclass
+class ClusterConfig:
+    """Bandwidths are GB/s (gigabytes) per GPU; `None` fields take the `gpu_type` default (GPU_DEFAULTS)."""
+
+    nodes: int = bounded(1, ge=1)
+    gpus_per_node: int = bounded(4, ge=1)
+    gpu_type: str = bounded("cpu", choices=tuple(GPU_DEFAULTS))
+    gpu_memory_gib: float | None = bounded(None, gt=0)
+    nvlink_domain_size: int | None = bounded(None, ge=1)  # GPUs per NVLink domain; None = gpus_per_node
+    bf16_tflops: float | None = bounded(None, gt=0)  # dense peak
+    hbm_tbps: float | None = bounded(None, gt=0)
+    intra_node_gbps: float | None = bounded(None, gt=0)
+    inter_node_gbps: float | None = bounded(None, gt=0)
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
 def resolve_cluster(cluster: ClusterConfig) -> ClusterConfig:
-    """Fill `None` device figures from `GPU_DEFAULTS` and check the shape."""
-    if cluster.gpu_type not in GPU_DEFAULTS:
-        raise UserError(
-            f"cluster.gpu_type: {cluster.gpu_type!r} is unknown; use one of {', '.join(GPU_DEFAULTS)} "
-            "or set every device figure (gpu_memory_gib, bf16_tflops, ...) yourself"
-        )
-    if cluster.nodes < 1 or cluster.gpus_per_node < 1:
-        raise UserError(f"cluster: nodes={cluster.nodes}, gpus_per_node={cluster.gpus_per_node}; both must be >= 1")
+    """Fill `None` device figures from `GPU_DEFAULTS` and check the NVLink domain (ranges: `check_bounds`)."""
     defaults = GPU_DEFAULTS[cluster.gpu_type]
     filled = {k: float(v) for k, v in defaults.items() if getattr(cluster, k) is None}
     if cluster.nvlink_domain_size is None:

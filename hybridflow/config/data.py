@@ -4,15 +4,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hybridflow.config.bounds import bounded
+
 
 @dataclass
 class DataConfig:
     source: str = "builtin:add"  # "builtin:<task>" or a local .jsonl / .parquet path
     prompt_key: str = "prompt"
     tokenizer: str | None = None  # local HF tokenizer dir; None = built-in character tokenizer
-    max_prompt_length: int = 32
-    train_batch_size: int = 8  # prompts per step
-    seq_length: int = 64  # prompt + response tokens per sample (training sequence length)
+    max_prompt_length: int = bounded(32, ge=1)
+    train_batch_size: int = bounded(8, ge=1)  # prompts per step
+    seq_length: int = bounded(64, ge=2)  # prompt + response tokens per sample (training sequence length)
 
 
 @dataclass

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hybridflow.config.algorithm import ALGORITHMS, KL_CONTROLLERS, AlgorithmConfig
+from hybridflow.config.algorithm import AlgorithmConfig
+from hybridflow.config.bounds import check_bounds
 from hybridflow.config.cluster import ClusterConfig, resolve_cluster
 from hybridflow.config.data import DataConfig, RewardConfig
 from hybridflow.config.model import ModelConfig, apply_hf_checkpoint, validate_model
 from hybridflow.config.parallel import ROLES, RolesConfig
 from hybridflow.config.placement import PlacementConfig
-from hybridflow.config.rollout import ROLLOUT_ENGINES, RolloutConfig
-from hybridflow.config.trainer import BACKENDS, DistributedConfig, TrainerConfig
+from hybridflow.config.rollout import RolloutConfig
+from hybridflow.config.trainer import DistributedConfig, TrainerConfig
 from hybridflow.errors import UserError
-
-RECOMPUTE_MODES = ("none", "selective", "full")
 
 
 @dataclass
@@ -42,41 +41,19 @@ class ExperimentConfig:
         return self.model
 
 
-def _choice(field_name: str, value: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise UserError(f"{field_name}: {value!r} is unknown; use one of {', '.join(allowed)}")
-
-
-def _positive(field_name: str, value: int | float | None) -> None:
-    if value is not None and value < 1:
-        raise UserError(f"{field_name}: must be >= 1, got {value}; set a positive integer")
-
-
 def finalize_experiment(cfg: ExperimentConfig) -> ExperimentConfig:
-    """Fill derived defaults (checkpoint shapes, GPU figures, ref layout) and check cross-field rules."""
+    """Fill derived defaults (checkpoint shapes, GPU figures, ref layout) and check every field's declared
+    range (`check_bounds`), then the rules between fields."""
     cfg.model = apply_hf_checkpoint(cfg.model, "model")
     for name in ("critic_model", "reward_model"):
         if getattr(cfg, name) is not None:
             setattr(cfg, name, apply_hf_checkpoint(getattr(cfg, name), name))
+    check_bounds(cfg)
     for name in ("model", "critic_model", "reward_model"):
         if getattr(cfg, name) is not None:
             validate_model(getattr(cfg, name), name)
     cfg.cluster = resolve_cluster(cfg.cluster)
-
-    _choice("algorithm.name", cfg.algorithm.name, ALGORITHMS)
-    _choice("algorithm.kl_controller", cfg.algorithm.kl_controller, KL_CONTROLLERS)
-    _choice("rollout.engine", cfg.rollout.engine, ROLLOUT_ENGINES)
-    _choice("distributed.backend", cfg.distributed.backend, BACKENDS)
-    _choice("placement.mode", cfg.placement.mode, ("explicit", "auto"))
-
     _inherit_ref_parallel(cfg)
-    for role in ROLES:
-        rc = cfg.roles.get(role)
-        _positive(f"roles.{role}.parallel.tp", rc.parallel.tp)
-        _positive(f"roles.{role}.parallel.pp", rc.parallel.pp)
-        _positive(f"roles.{role}.parallel.dp", rc.parallel.dp)
-        _positive(f"roles.{role}.micro_batch_size", rc.micro_batch_size)
-        _choice(f"roles.{role}.activation_recompute", rc.activation_recompute, RECOMPUTE_MODES)
     for role in ("actor", "rollout"):
         if not cfg.roles.get(role).enabled:
             raise UserError(f"roles.{role}.enabled: every experiment needs the {role}; set it to true")
@@ -125,9 +102,6 @@ def _check_algorithm_roles(cfg: ExperimentConfig) -> None:
 
 
 def _check_lengths(cfg: ExperimentConfig) -> None:
-    _positive("data.train_batch_size", cfg.data.train_batch_size)
-    _positive("algorithm.mini_batch_size", cfg.algorithm.mini_batch_size)
-    _positive("rollout.n_samples_per_prompt", cfg.rollout.n_samples_per_prompt)
     need = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
     if cfg.data.seq_length < need:
         raise UserError(

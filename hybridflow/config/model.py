@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from hybridflow.config.bounds import bounded
 from hybridflow.errors import UserError
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
@@ -17,20 +18,20 @@ DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 class ModelConfig:
     """A decoder-only transformer. When `path` is set, its `config.json` overrides the shape fields."""
 
-    architecture: str = "LlamaForCausalLM"
-    hidden_size: int = 128
-    intermediate_size: int = 384
-    num_hidden_layers: int = 4
-    num_attention_heads: int = 4
-    num_key_value_heads: int = 2
-    vocab_size: int = 128
-    max_position_embeddings: int = 512
-    rope_theta: float = 10000.0
-    rms_norm_eps: float = 1e-5
+    architecture: str = bounded("LlamaForCausalLM", choices=SUPPORTED_ARCHITECTURES)
+    hidden_size: int = bounded(128, ge=1)
+    intermediate_size: int = bounded(384, ge=1)
+    num_hidden_layers: int = bounded(4, ge=1)
+    num_attention_heads: int = bounded(4, ge=1)
+    num_key_value_heads: int = bounded(2, ge=1)
+    vocab_size: int = bounded(128, ge=2)
+    max_position_embeddings: int = bounded(512, ge=2)
+    rope_theta: float = bounded(10000.0, gt=0)
+    rms_norm_eps: float = bounded(1e-5, gt=0, lt=1)
     tie_word_embeddings: bool = False
     attention_bias: bool = False
     path: str | None = None
-    dtype: str = "bf16"
+    dtype: str = bounded("bf16", choices=DTYPES)
 
     @property
     def head_dim(self) -> int:
@@ -63,24 +64,7 @@ def apply_hf_checkpoint(model: ModelConfig, field: str) -> ModelConfig:
 
 
 def validate_model(model: ModelConfig, field: str) -> None:
-    """Check the architecture and shape fields that every later stage relies on."""
-    if model.architecture not in SUPPORTED_ARCHITECTURES:
-        raise UserError(
-            f"{field}.architecture: {model.architecture!r} is not supported; use one of "
-            + ", ".join(SUPPORTED_ARCHITECTURES)
-        )
-    if model.dtype not in DTYPES:
-        raise UserError(f"{field}.dtype: {model.dtype!r} is unknown; use one of {', '.join(DTYPES)}")
-    for name in (
-        "hidden_size",
-        "intermediate_size",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "num_key_value_heads",
-        "vocab_size",
-    ):
-        if getattr(model, name) < 1:
-            raise UserError(f"{field}.{name}: must be >= 1, got {getattr(model, name)}; set a positive integer")
+    """Check the shape rules between fields that every later stage relies on (ranges: `check_bounds`)."""
     if model.hidden_size % model.num_attention_heads:
         raise UserError(
             f"{field}.hidden_size: {model.hidden_size} is not divisible by num_attention_heads="

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hybridflow.config.bounds import bounded
+
 ROLES = ("actor", "critic", "ref", "reward", "rollout")
 TRAINED_ROLES = ("actor", "critic")
+RECOMPUTE_MODES = ("none", "selective", "full")
 
 
 @dataclass
@@ -16,9 +19,9 @@ class ParallelConfig:
     `load_experiment` every role has integers here.
     """
 
-    tp: int | None = 1
-    pp: int | None = 1
-    dp: int | None = None
+    tp: int | None = bounded(1, ge=1)
+    pp: int | None = bounded(1, ge=1)
+    dp: int | None = bounded(None, ge=1)
     # Megatron's sequence parallelism (only meaningful when tp > 1); the memory estimator uses it.
     sequence_parallel: bool | None = True
 
@@ -29,10 +32,10 @@ class RoleConfig:
 
     enabled: bool = True
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
-    micro_batch_size: int | None = 1  # None (ref's default): the actor's
+    micro_batch_size: int | None = bounded(1, ge=1)  # None (ref's default): the actor's
     offload_optimizer: bool = False
     # "none" | "selective" (attention core recomputed, Korthikanti et al.) | "full" (whole layer)
-    activation_recompute: str = "selective"
+    activation_recompute: str = bounded("selective", choices=RECOMPUTE_MODES)
 
 
 @dataclass

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from hybridflow.config.bounds import bounded
+
 
 @dataclass
 class PlacementConfig:
@@ -15,7 +17,7 @@ class PlacementConfig:
     `colocate` lists role groups that must share one GPU list (rollout vs actor is checked anyway).
     """
 
-    mode: str = "explicit"  # "explicit" | "auto"
+    mode: str = bounded("explicit", choices=("explicit", "auto"))
     resources: dict[str, list[Any]] = field(default_factory=dict)
     colocate: list[list[str]] = field(default_factory=list)
     check_memory: bool = True  # False: report over-capacity GPUs but do not fail

@@ -5,22 +5,25 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from hybridflow.config.bounds import bounded
+from hybridflow.config.model import DTYPES
+
 ROLLOUT_ENGINES = ("megatron", "vllm")
 
 
 @dataclass
 class RolloutConfig:
-    engine: str = "megatron"  # "megatron" (native, default on CPU) | "vllm"
+    engine: str = bounded("megatron", choices=ROLLOUT_ENGINES)  # native Megatron (the CPU default) or vLLM
     # Share of each GPU the engine may take for weights + KV cache (vLLM semantics). The native engine
     # sizes its KV cache for the batch instead and only uses this as an upper bound.
-    gpu_memory_utilization: float = 0.5
-    max_new_tokens: int = 32
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0  # 0 (or -1) = off
-    n_samples_per_prompt: int = 1
-    stop_token_ids: list[int] = field(default_factory=list)
+    gpu_memory_utilization: float = bounded(0.5, gt=0, le=1)
+    max_new_tokens: int = bounded(32, ge=1)
+    temperature: float = bounded(1.0, ge=0)  # 0 = greedy
+    top_p: float = bounded(1.0, gt=0, le=1)
+    top_k: int = bounded(0, ge=-1)  # 0 (or -1) = off
+    n_samples_per_prompt: int = bounded(1, ge=1)
+    stop_token_ids: list[int] = bounded(default_factory=list, ge=0)
     engine_args: dict[str, Any] = field(default_factory=dict)
     # vLLM sleep between generations: 1 frees the KV cache and offloads weights, 2 also drops the weights.
-    sleep_level: int = 1
-    dtype: str | None = None  # None = model.dtype
+    sleep_level: int = bounded(1, choices=(1, 2))
+    dtype: str | None = bounded(None, choices=DTYPES)  # None = model.dtype

@@ -4,28 +4,30 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hybridflow.config.bounds import bounded
+
 BACKENDS = ("auto", "nccl", "gloo")
 
 
 @dataclass
 class TrainerConfig:
-    total_steps: int = 10
-    seed: int = 1234
-    lr: float = 1e-6
-    critic_lr: float | None = None  # None = lr
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    warmup_sft_steps: int = 0
-    sft_lr: float | None = None  # learning rate of the supervised warm-up; None = lr
-    save_every: int = 0  # 0 = only at the end
+    total_steps: int = bounded(10, ge=0)
+    seed: int = bounded(1234, ge=0)
+    lr: float = bounded(1e-6, gt=0, lt=1)
+    critic_lr: float | None = bounded(None, gt=0, lt=1)  # None = lr
+    weight_decay: float = bounded(0.0, ge=0)
+    grad_clip: float = bounded(1.0, ge=0)  # 0 = no clipping
+    warmup_sft_steps: int = bounded(0, ge=0)
+    sft_lr: float | None = bounded(None, gt=0, lt=1)  # learning rate of the supervised warm-up; None = lr
+    save_every: int = bounded(0, ge=0)  # 0 = only at the end
     resume: str = "auto"  # "auto" | "never" | path to a checkpoint dir
     output_dir: str = "runs/${name}"
-    parity_max_abs: float = 1e-4  # rollout vs actor log-prob parity gate
+    parity_max_abs: float = bounded(1e-4, gt=0)  # rollout vs actor log-prob parity gate
 
 
 @dataclass
 class DistributedConfig:
     master_addr: str = "127.0.0.1"
-    master_port: int = 29500
-    backend: str = "auto"  # "auto" (nccl with CUDA, gloo without) | "nccl" | "gloo"
-    timeout_s: int = 300
+    master_port: int = bounded(29500, ge=1, le=65535)
+    backend: str = bounded("auto", choices=BACKENDS)  # "auto": nccl with CUDA, gloo without
+    timeout_s: int = bounded(300, ge=1)

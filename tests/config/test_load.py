@@ -104,12 +104,15 @@ def test_group_selection_and_named_submodels():
         (["critic_model.hidden_size=64"], r"^critic_model\.hidden_size: its parent critic_model is null"),
         (["rollout.engine=sglang"], r"^rollout\.engine: 'sglang' is unknown; use one of megatron, vllm"),
         (["cluster.gpu_type=TPU"], r"^cluster\.gpu_type: 'TPU' is unknown"),
-        (["model.architecture=GPT2LMHeadModel"], r"^model\.architecture: .*not supported"),
+        (
+            ["model.architecture=GPT2LMHeadModel"],
+            r"^model\.architecture: .GPT2LMHeadModel. is unknown; use one of LlamaForCausalLM",
+        ),
         (["roles.critic.enabled=false"], r"^roles\.critic\.enabled: PPO needs a critic"),
         (["reward.use_model=true"], r"^roles\.reward\.enabled: is False but reward\.use_model is True"),
         (["data.seq_length=8"], r"^data\.seq_length: 8 < max_prompt_length"),
         (["algorithm.mini_batch_size=3"], r"^algorithm\.mini_batch_size: 3 does not divide the 32 samples"),
-        (["roles.actor.parallel.tp=0"], r"^roles\.actor\.parallel\.tp: must be >= 1"),
+        (["roles.actor.parallel.tp=0"], r"^roles\.actor\.parallel\.tp: 0 is below 1; use a value >= 1"),
     ],
 )
 def test_bad_config_names_the_key(overrides, match):
