@@ -10,7 +10,7 @@ setup(
     packages=find_packages(include=["hybridflow*", "megatron_adapters*", "benchmarks*"]),
     include_package_data=True,
     install_requires=[
-        # vLLM 0.33 pins torch==2.14.0 and transformers>=5.16.1,<5.21: keep room for the [vllm] extra.
+        # each vLLM release pins its torch (0.20: 2.11, 0.33: 2.14): keep these ranges loose for the [vllm] extra.
         "torch>=2.6",
         "megatron-core==0.19.2",
         "psutil",  # megatron-core's dist_checkpointing imports it without declaring it
@@ -30,7 +30,8 @@ setup(
         # GPU-only pieces. NVIDIA Apex is not on PyPI (the PyPI package named "apex" is unrelated):
         # megatron-core falls back to torch implementations when Apex is absent.
         "te": ["transformer-engine[pytorch]"],
-        "vllm": ["vllm==0.33.*"],
+        # hybridflow.config.rollout.VLLM_VERSIONS: 0.20 (torch 2.11) through 0.34, one engine module for all.
+        "vllm": ["vllm>=0.20,<0.35"],
     },
     entry_points={"console_scripts": ["hybridflow=hybridflow.cli:main"]},
 )

@@ -9,6 +9,8 @@ from hybridflow.config.bounds import bounded
 from hybridflow.config.model import DTYPES
 
 ROLLOUT_ENGINES = ("megatron", "vllm")
+# The vLLM releases the vLLM engine supports (setup.py's [vllm] extra and the environment check say the same).
+VLLM_VERSIONS = ">=0.20,<0.35"
 
 
 @dataclass

@@ -15,14 +15,15 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
+from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
+from hybridflow.config.rollout import VLLM_VERSIONS
 from hybridflow.launch.ports import free_port, port_is_free
 
 MIN_PYTHON = (3, 12)
 MIN_TORCH = "2.6"
 MEGATRON_CORE = "0.19.2"
-VLLM_SERIES = "0.33"
 # Minimum Linux driver per CUDA major version of the torch build (NVIDIA's CUDA release notes, table 3).
 MIN_DRIVER = {12: "525.60.13", 13: "580.65.06"}
 TORCH_CUDA_WHEEL = "pip install torch --index-url https://download.pytorch.org/whl/cu128"
@@ -224,8 +225,8 @@ def check_packages(needs: Needs) -> list[Finding]:
                              "fused kernels for GPU training (optional: torch fallbacks are used)" if
                              needs.gpus_per_node else "", "pip install -e '.[te]'" if needs.gpus_per_node else ""))
     vllm = _dist_version("vllm")
-    if needs.engine == "vllm" and (vllm is None or not vllm.startswith(VLLM_SERIES + ".")):
-        found.append(Finding("vllm", vllm or "missing", "fail", f"vllm=={VLLM_SERIES}.* for rollout.engine=vllm",
+    if needs.engine == "vllm" and (vllm is None or Version(vllm) not in SpecifierSet(VLLM_VERSIONS)):
+        found.append(Finding("vllm", vllm or "missing", "fail", f"vllm{VLLM_VERSIONS} for rollout.engine=vllm",
                              "pip install -e '.[vllm]' (or set rollout.engine=megatron)"))
     else:
         found.append(Finding("vllm", vllm or "missing", "ok" if vllm else "info"))

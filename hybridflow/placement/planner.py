@@ -13,10 +13,12 @@ from hybridflow.placement.checks import (
     check_colocation,
     check_layout_fits_model,
     check_tp_groups_local,
+    check_vllm_rollout_mesh,
 )
 from hybridflow.placement.cluster import GPU, cluster_gpus
 from hybridflow.placement.memory import GIB, MemoryEstimate, estimate_role_memory
 from hybridflow.placement.mesh import Dims, ParallelDims, RoleMesh
+from hybridflow.placement.reshard_plan import generation_mesh
 from hybridflow.placement.resources import parse_gpu_list
 
 
@@ -26,7 +28,7 @@ class Plan:
     nodes: int
     gpus_per_node: int
     gpus: tuple[GPU, ...]  # index = global rank
-    meshes: dict[str, RoleMesh]  # enabled roles only, canonical role order
+    meshes: dict[str, RoleMesh]  # enabled roles only, canonical role order; rollout in generation order
     rank_roles: dict[int, tuple[str, ...]]
     colocation_sets: list[tuple[str, ...]]
     memory: dict[int, MemoryEstimate]  # per rank, summed over its roles
@@ -130,11 +132,15 @@ def build_plan(
         check_layout_fits_model(cfg, role, d)
         check_batch_sizes(cfg, role, d)
         mesh = RoleMesh(role=role, ranks=role_rank_list, tp=d.tp, pp=d.pp, dp=d.dp)
+        if role == "rollout" and "actor" in meshes:  # ROLES order: the actor's mesh exists by now
+            _, mesh = generation_mesh(meshes["actor"], mesh)  # the order the run builds its TP groups in
         check_tp_groups_local(mesh, gpus, cfg)
         meshes[role] = mesh
     rank_roles = {g.rank: tuple(r for r in meshes if g.rank in meshes[r].ranks) for g in gpus}
     role_memory = _memory_by_rank(cfg, meshes, gpus)
     memory = {rank: sum(parts.values(), MemoryEstimate()) for rank, parts in role_memory.items()}
+    if cfg.rollout.engine == "vllm" and "rollout" in meshes:
+        check_vllm_rollout_mesh(meshes["rollout"], len(gpus))
     plan = Plan(
         world_size=len(gpus),
         nodes=cfg.cluster.nodes,
@@ -160,7 +166,7 @@ def _memory_by_rank(
         cfg.rollout.engine == "megatron"
         and actor is not None
         and rollout is not None
-        and actor.ranks == rollout.ranks
+        and set(actor.ranks) == set(rollout.ranks)
         and (actor.tp, actor.pp) == (rollout.tp, rollout.pp)
         and (cfg.rollout.dtype or cfg.model.dtype) == cfg.model.dtype
     )

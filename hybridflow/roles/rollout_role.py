@@ -7,7 +7,6 @@ from dataclasses import dataclass, replace
 import torch
 import torch.distributed as dist
 
-from hybridflow.errors import UserError
 from hybridflow.placement import RoleMesh
 from hybridflow.roles.exchange import share_from_role
 from hybridflow.roles.model_role import ModelRole, unwrap
@@ -68,14 +67,8 @@ def build_rollout_role(
     given) and the bridge that feeds it. Collective."""
     shape = model_shape(hf_dir)
     if vllm_spec is not None:
-        if mesh.ranks != tuple(range(dist.get_world_size())):
-            raise UserError(
-                "roles.rollout.parallel.tp: vLLM's TP groups are consecutive ranks over the whole job, but the "
-                f"zero-redundancy plan orders the rollout as {list(mesh.ranks)}; colocate the rollout on every GPU "
-                "with the actor's tp, or set rollout.engine=megatron"
-            )
         target = TargetFormat.VLLM
-        engine = VllmRolloutEngine.create(vllm_spec, mesh.ranks)
+        engine = VllmRolloutEngine.create(vllm_spec, mesh)
     else:
         target = TargetFormat.MEGATRON
         engine = None

@@ -1,13 +1,15 @@
 """vLLM rollout engine, co-located: one vLLM `LLM` per rollout DP group, living inside the training ranks.
 
-Written against vLLM 0.33. Every rank of the job builds its own `LLM` with
-`distributed_executor_backend="external_launcher"`: vLLM then reuses the job's torch.distributed world and
-cuts it into TP groups of consecutive ranks (vllm/distributed/parallel_state.py lays ranks out as
-ExternalDP x DP x PP x PCP x TP), which equals the plan's rollout TP groups when the rollout mesh spans the
-whole job (checked by `check_external_launcher_mesh`). The engine starts with random (`load_format="dummy"`)
-weights; the bridge's shards, already in vLLM's fused layout and already this rank's TP slice, are copied
-straight into vLLM's parameter tensors. vLLM is imported only when an engine is built, so this module
-imports without it.
+Works with vLLM 0.20 through 0.34 (`hybridflow.config.rollout.VLLM_VERSIONS`; every version-dependent call
+is in this module). Every rank of the job builds its own `LLM` with
+`distributed_executor_backend="external_launcher"`: vLLM then
+reuses the job's torch.distributed world (and switches its V1 engine core in-process) and cuts that world
+into TP groups of consecutive ranks (vllm/distributed/parallel_state.py lays ranks out as
+ExternalDP x DP x PP x PCP x TP). That equals the plan's rollout TP groups only when the rollout spans the
+whole job in rank order, which the planner checks (`check_vllm_rollout_mesh`) before anything starts. The
+engine starts with random (`load_format="dummy"`) weights; the bridge's shards, already in vLLM's fused
+layout and already this rank's TP slice, are copied straight into vLLM's parameter tensors. vLLM is imported
+only when an engine is built, so this module imports without it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from typing import Any
 import torch
 
 from hybridflow.errors import UserError
+from hybridflow.placement import RoleMesh
+from hybridflow.placement.checks import check_vllm_rollout_mesh
 from hybridflow.rollout.base import RolloutBatch, SamplingParams
 
 # Set by this engine, never by rollout.engine_args: they define how vLLM lives inside the job.
@@ -66,16 +70,6 @@ class VllmEngineSpec:
     engine_args: Mapping[str, Any] = field(default_factory=dict)
 
 
-def check_external_launcher_mesh(rollout_ranks: Sequence[int], tp: int, world_size: int) -> None:
-    """Fail unless vLLM's own rank layout reproduces the rollout mesh (see the module docstring)."""
-    if tuple(rollout_ranks) != tuple(range(world_size)) or world_size % tp:
-        raise UserError(
-            "placement.resources.rollout: the vLLM engine (external_launcher) needs the rollout on all ranks "
-            f"0..{world_size - 1} with rollout tp dividing {world_size}, got ranks {list(rollout_ranks)} at "
-            f"tp={tp}; colocate rollout with all ranks or set rollout.engine=megatron"
-        )
-
-
 def engine_kwargs(spec: VllmEngineSpec, known_args: Iterable[str] | None = None) -> dict[str, Any]:
     """Keyword arguments for `vllm.LLM`; `known_args` (vllm.EngineArgs' fields) catches misspelled keys."""
     user = dict(spec.engine_args)
@@ -118,7 +112,7 @@ def sampling_kwargs(sampling: SamplingParams, max_tokens: int, seed: int) -> dic
     """Keyword arguments for one request's `vllm.SamplingParams`.
 
     Stopping happens only at `stop_token_ids` (ignore_eos), as in the native engine; logprobs=0 returns the
-    sampled token's log-prob only. top_k <= 0 means off (RolloutConfig writes -1); vLLM 0.33 prefers 0.
+    sampled token's log-prob only. top_k <= 0 means off (RolloutConfig writes -1); vLLM 0.20-0.34 take 0.
     """
     if sampling.top_k > 0 or sampling.top_p < 1.0:
         warnings.warn(
@@ -214,25 +208,24 @@ class VllmRolloutEngine:
         self.asleep: set[str] = set()
 
     @classmethod
-    def create(cls, spec: VllmEngineSpec, rollout_ranks: Sequence[int]) -> VllmRolloutEngine:
+    def create(cls, spec: VllmEngineSpec, mesh: RoleMesh) -> VllmRolloutEngine:
         """Build this rank's engine; collective over the job (every rank calls it at the same time)."""
         import torch.distributed as dist
 
         world_size, rank = dist.get_world_size(), dist.get_rank()
-        check_external_launcher_mesh(rollout_ranks, spec.tp, world_size)
+        check_vllm_rollout_mesh(mesh, world_size)  # the planner refused this already; the runtime relies on it
         import vllm
 
         known = [f.name for f in dataclasses.fields(vllm.EngineArgs)]
         llm = vllm.LLM(**engine_kwargs(spec, known))
-        return cls(llm, vllm.SamplingParams, spec, dp_rank=rank // spec.tp)
+        return cls(llm, vllm.SamplingParams, spec, dp_rank=mesh.coords(rank)[1])
 
     def model(self) -> torch.nn.Module:
-        """vLLM's model on this rank: external_launcher runs one in-process worker (no V1 multiprocessing).
-
-        Path verified in vLLM 0.33: LLMEngine.model_executor (ExecutorWithExternalLauncher) .driver_worker
-        (WorkerWrapperBase) .worker (gpu_worker.Worker) .get_model() (unwraps CUDA-graph wrappers).
-        """
-        return self.llm.llm_engine.model_executor.driver_worker.worker.get_model()
+        """vLLM's model on this rank. external_launcher runs one in-process worker, so `apply_model` (public
+        since 0.9, same in 0.20-0.34) calls the function on the worker's model here and returns the module
+        itself, not a copy; the internal attribute path to the worker differs between releases."""
+        (model,) = self.llm.apply_model(lambda module: module)
+        return model
 
     def generate(self, batch: RolloutBatch, sampling: SamplingParams) -> RolloutBatch:
         """Sample responses; every TP rank of this DP group must pass the same batch (lockstep)."""

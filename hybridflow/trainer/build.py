@@ -16,7 +16,8 @@ from hybridflow.config import ExperimentConfig
 from hybridflow.data import load_prompt_dataset, load_tokenizer
 from hybridflow.errors import UserError
 from hybridflow.placement import Plan
-from hybridflow.roles.groups import build_groups, generation_mesh
+from hybridflow.placement.reshard_plan import generation_mesh
+from hybridflow.roles.groups import build_groups
 from hybridflow.roles.model_role import (
     ModelRole,
     OptimizerSettings,
@@ -51,9 +52,10 @@ def build_run(cfg: ExperimentConfig, plan: Plan, work_dir: Path) -> BuiltRun:
     hf_dir, tok_dir = ensure_model_files(cfg, work_dir)
     tokenizer = load_tokenizer(tok_dir)
     dtype = DTYPES[cfg.model.dtype]
-    # The rollout's ranks in the bridge's generation order; then every role's groups, collectively.
-    reshard_plan, rollout_mesh = generation_mesh(plan.meshes["actor"], plan.meshes["rollout"])
-    meshes = {**plan.meshes, "rollout": rollout_mesh}
+    # The plan holds the rollout in the bridge's generation order already; the reshard plan is recomputed
+    # from the same two meshes (idempotent), then every role's groups are built, collectively.
+    reshard_plan, _ = generation_mesh(plan.meshes["actor"], plan.meshes["rollout"])
+    meshes = plan.meshes
     groups = build_groups(meshes)
 
     roles: dict[str, ModelRole] = {}
@@ -94,11 +96,11 @@ def build_run(cfg: ExperimentConfig, plan: Plan, work_dir: Path) -> BuiltRun:
     vllm_spec = None
     if cfg.rollout.engine == "vllm":
         vllm_spec = VllmEngineSpec(
-            model_path=hf_dir, tp=rollout_mesh.tp, dtype=rollout_dtype,
+            model_path=hf_dir, tp=meshes["rollout"].tp, dtype=rollout_dtype,
             gpu_memory_utilization=cfg.rollout.gpu_memory_utilization, sleep_level=cfg.rollout.sleep_level,
             seed=cfg.trainer.seed, engine_args=cfg.rollout.engine_args,
         )
-    rollout = build_rollout_role(rollout_mesh, groups["rollout"], reshard_plan, hf_dir, DTYPES[rollout_dtype],
+    rollout = build_rollout_role(meshes["rollout"], groups["rollout"], reshard_plan, hf_dir, DTYPES[rollout_dtype],
                                  sampling, device, vllm_spec)
     rollout.sync(roles.get("actor"))  # the engine starts from the actor's weights, through the bridge
     alg = cfg.algorithm

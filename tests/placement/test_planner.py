@@ -26,12 +26,38 @@ def test_every_shipped_experiment_plans_within_capacity(name):
 def test_split_placement_plan():
     plan = plan_placement(load_experiment("ppo_llama3_8b", []))
     assert plan.meshes["actor"].ranks == (0, 1, 2, 3) and plan.meshes["actor"].tp == 4
-    assert plan.meshes["rollout"].tp_groups() == [(0, 1), (2, 3)]
+    # the zero-redundancy grouping at rollout tp2 under actor tp4: stride-2 groups, as the run builds them
+    assert plan.meshes["rollout"].tp_groups() == [(0, 2), (1, 3)]
+    assert plan.to_json()["meshes"]["rollout"]["tp_groups"] == [[0, 2], [1, 3]]
     assert plan.meshes["critic"].ranks == (4, 5) and plan.meshes["reward"].ranks == (6, 7)
     assert plan.rank_roles[0] == ("actor", "ref", "rollout") and plan.rank_roles[5] == ("critic",)
     assert plan.colocation_sets == [("actor", "ref", "rollout"), ("critic",), ("reward",)]
     # GPU 0 sums its three roles.
     assert plan.memory[0].total == sum(m.total for m in plan.role_memory[0].values())
+
+
+def test_rollout_tp_groups_are_the_bridge_generation_groups():
+    from hybridflow.placement.reshard_plan import GenerationLayout, TrainingLayout, build_reshard_plan
+
+    plan = plan_placement(load_experiment("ppo_llama3_8b", []))
+    actor, rollout = plan.meshes["actor"], plan.meshes["rollout"]
+    bridge = build_reshard_plan(TrainingLayout(actor.ranks, actor.tp, actor.pp, actor.dp),
+                                GenerationLayout(rollout.ranks, rollout.tp))
+    assert rollout.tp_groups() == bridge.generation_tp_groups()
+
+
+@pytest.mark.parametrize("overrides", [
+    ["rollout=vllm"],  # the seed layout: rollout on GPUs 0-3 of 8
+    ["rollout=vllm", "placement=colocated"],  # all 8 GPUs, tp2 under actor tp4
+])
+def test_vllm_rollout_off_the_whole_job_or_strided_is_refused_at_plan_time(overrides):
+    with pytest.raises(UserError, match=r"^placement.resources.rollout: rollout.engine=vllm .*rollout.engine=megatron$"):
+        plan_placement(load_experiment("ppo_llama3_8b", overrides))
+
+
+def test_vllm_rollout_on_every_gpu_at_the_actor_tp_plans():
+    plan = plan_placement(load_experiment("ppo_llama3_8b_4gpu", []))
+    assert plan.meshes["rollout"].ranks == (0, 1, 2, 3) and plan.meshes["rollout"].tp == 4
 
 
 def test_node_local_lists_and_two_nodes():
@@ -168,6 +194,7 @@ BAD_INPUTS = {
     "vllm_budget_below_weights": (
         "ppo_llama3_8b",
         [
+            "rollout=vllm",
             "rollout.gpu_memory_utilization=0.05",
             "roles.rollout.parallel.tp=1",
             "placement.resources.rollout=[0,1,2,3]",

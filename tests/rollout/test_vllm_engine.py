@@ -23,12 +23,12 @@ import pytest
 import torch
 
 from hybridflow.errors import UserError
+from hybridflow.placement import RoleMesh
 from hybridflow.rollout.base import RolloutBatch, SamplingParams
 from hybridflow.rollout.vllm_engine import (
     VllmEngineSpec,
     VllmRolloutEngine,
     WeightLayoutMismatch,
-    check_external_launcher_mesh,
     engine_kwargs,
     outputs_to_batch,
     request_seed,
@@ -101,14 +101,6 @@ def test_engine_kwargs_name_unknown_and_contradicting_keys():
     assert same["gpu_memory_utilization"] == 0.5
     with pytest.raises(UserError, match="rollout.sleep_level"):
         engine_kwargs(VllmEngineSpec("/m", tp=1, sleep_level=3))
-
-
-def test_external_launcher_needs_the_rollout_on_all_ranks_in_order():
-    check_external_launcher_mesh((0, 1, 2, 3), tp=2, world_size=4)
-    with pytest.raises(UserError, match="placement.resources.rollout"):
-        check_external_launcher_mesh((4, 5, 6, 7), tp=2, world_size=8)
-    with pytest.raises(UserError, match="rollout.engine=megatron"):
-        check_external_launcher_mesh((0, 1, 2), tp=2, world_size=3)
 
 
 # ------------------------------------------------------------------------------------------------- sampling
@@ -321,8 +313,10 @@ class FakeLLM:
 
     def __init__(self, model):
         self.calls = []
-        worker = SimpleNamespace(get_model=lambda: model)
-        self.llm_engine = SimpleNamespace(model_executor=SimpleNamespace(driver_worker=SimpleNamespace(worker=worker)))
+        self.module = model
+
+    def apply_model(self, func):
+        return [func(self.module)]
 
     def generate(self, prompts, params, use_tqdm):
         self.calls.append(("generate", prompts, params))
@@ -462,7 +456,7 @@ def test_gpu_generation_logprobs_and_sleep_wake(tmp_path, single_rank_world):
             sleep_level=2,
             engine_args={"max_model_len": 64, "max_num_seqs": 8, "enforce_eager": True},
         ),
-        rollout_ranks=[0],
+        RoleMesh("rollout", (0,), tp=1, pp=1, dp=1),
     )
 
     def sync():

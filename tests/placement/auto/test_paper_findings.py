@@ -9,6 +9,7 @@ import pytest
 from hybridflow.errors import UserError
 from hybridflow.placement.auto import search_config, search_placement
 from hybridflow.placement.planner import build_plan
+from tests.placement.auto.conftest import paper_config
 
 SIZES = ("7b", "13b", "34b", "70b")
 
@@ -56,8 +57,8 @@ def test_split_is_chosen_for_13b_at_128_gpus(paper):
 
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("gpus", (16, 32, 64, 128))
-def test_returned_plan_passes_the_memory_estimator(paper, size, gpus):
-    cfg = paper(size, gpus)
+def test_returned_plan_passes_the_memory_estimator(size, gpus):
+    cfg = paper_config(size, gpus)  # hybridflow's own runtime: the plan must build (and vLLM span the job)
     try:
         plan, explanation = search_placement(cfg)  # build_plan inside raises if the estimator rejects it
     except UserError as err:
@@ -68,7 +69,7 @@ def test_returned_plan_passes_the_memory_estimator(paper, size, gpus):
     again = build_plan(cfg, {r: m.ranks for r, m in plan.meshes.items()}, plan.meshes)
     assert again.over_capacity() == []
     assert set(again.meshes) == {"actor", "critic", "ref", "reward", "rollout"}
-    assert plan.meshes["rollout"].ranks == plan.meshes["actor"].ranks
+    assert set(plan.meshes["rollout"].ranks) == set(plan.meshes["actor"].ranks)
     assert explanation.total_s == pytest.approx(sum(explanation.stage_s.values()))
 
 

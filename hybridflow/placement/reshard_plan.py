@@ -33,6 +33,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hybridflow.errors import UserError
+from hybridflow.placement.mesh import RoleMesh
+
 
 @dataclass(frozen=True)
 class TrainingLayout:
@@ -180,3 +183,20 @@ def hybridflow_optimal_bytes(plan: ReshardPlan, replica_bytes: int) -> float:
         return 0.0 if p == 1 else float("nan")
     d_g = t * p // plan.gen.tp
     return (d_g - 1) / (t * p) * replica_bytes
+
+
+def generation_mesh(actor: RoleMesh, rollout: RoleMesh) -> tuple[ReshardPlan, RoleMesh]:
+    """The static reshard plan and the rollout mesh whose TP groups are the plan's generation TP groups.
+
+    HybridFlow's zero-redundancy grouping takes generation TP groups at a stride over the actor's ranks, so
+    the rollout's rank order comes from this plan, not from the placement's listing. The planner stores the
+    result in `Plan.meshes["rollout"]`; every later reader (plan.json, the printout, the run) uses that mesh.
+    """
+    try:
+        plan = build_reshard_plan(
+            TrainingLayout(actor.ranks, actor.tp, actor.pp, actor.dp), GenerationLayout(rollout.ranks, rollout.tp)
+        )
+    except ValueError as err:
+        raise UserError(str(err)) from None
+    order = plan.generation_rank_order()
+    return plan, RoleMesh("rollout", order, rollout.tp, 1, len(order) // rollout.tp)
