@@ -25,6 +25,17 @@ else
     export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export PYTHONUNBUFFERED=1
+# vLLM, when its bundle was sent first (../shared/gpu/vllm_bundle.sh: pieces in /tmp/vb): installed once into
+# /tmp/vsite, with the environment that lets its in-process engine come up on that machine.
+if compgen -G "/tmp/vb/vllm_bundle.tar.part*" >/dev/null; then
+    if [ ! -d /tmp/vsite/vllm ]; then
+        mkdir -p /tmp/vbw && cat /tmp/vb/vllm_bundle.tar.part* | tar -xf - -C /tmp/vbw || exit 1
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/vsite \
+            /tmp/vbw/*.whl || exit 1
+    fi
+    export PYTHONPATH="$PYTHONPATH:/tmp/vsite" VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1 VLLM_HOST_IP=127.0.0.1 \
+        MASTER_ADDR=127.0.0.1 GLOO_SOCKET_IFNAME=lo NCCL_SOCKET_IFNAME=lo
+fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >"$out/device.txt" 2>&1
 
 stage() {  # stage NAME SECONDS COMMAND...
@@ -43,17 +54,23 @@ rm -rf "$work" && mkdir -p "$work"
 for s in "${stages[@]}"; do
     case "$s" in
     gpu-tests)
-        stage gpu-tests "${GPU_TESTS_S:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider ${GPU_TESTS:-tests} ;;
+        # one process per listed path: two vLLM engines in one process would share vLLM's global groups
+        for t in ${GPU_TESTS:-tests}; do
+            stage "gpu-tests-$(basename "$t" .py)" "${GPU_TESTS_S:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider "$t"
+        done ;;
     decode)
         # shellcheck disable=SC2086  # DECODE_ARGS is a list of flags
         stage decode "${DECODE_S:-150}" python3 -m benchmarks.decode_roofline \
             ${DECODE_ARGS:---batches 64,256 --prompt 128 --new-tokens 512} --json "$out/decode_roofline.json" ;;
     throughput)
+        # shellcheck disable=SC2086  # THROUGHPUT_ARGS is a list of overrides
         stage throughput "${THROUGHPUT_S:-330}" python3 -m benchmarks.throughput +experiment=ppo_llama_1b_h200 \
-            --placements colocated --warmup-steps 1 --steps 3 --out "$work/throughput"
+            --placements "${PLACEMENTS:-colocated}" --warmup-steps 1 --steps 3 --out "$work/throughput" \
+            ${THROUGHPUT_ARGS:-}
         rm -rf "$work"/throughput/*/checkpoints "$work"/throughput/*/final_hf "$work"/throughput/*/init_model ;;
     trl)
-        stage trl "${TRL_S:-420}" python3 -m benchmarks.trl_compare --out "$work/trl"
+        # shellcheck disable=SC2086  # TRL_ARGS is a list of flags
+        stage trl "${TRL_S:-420}" python3 -m benchmarks.trl_compare --out "$work/trl" ${TRL_ARGS:-}
         rm -rf "$work"/trl/model "$work"/trl/hybridflow/checkpoints "$work"/trl/hybridflow/final_hf ;;
     calibrate)
         # Forward + backward (train_mfu), a forward over full sequences (infer_mfu) and over 1024-token

@@ -49,6 +49,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--warmup-steps", type=int, default=1)
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--trl-generation", default="vllm-colocate", choices=("vllm-colocate", "hf"),
+                        help="TRL's generation backend (default: vLLM colocated, TRL's fast path)")
     parser.add_argument("--dry-run", action="store_true", help="check arguments and the config mapping only")
     argv = list(argv)
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
@@ -61,7 +63,7 @@ def shared_work(args: argparse.Namespace, model_dir: Path) -> SharedWork:
                       response_length=args.response_length, mini_batch_size=args.mini_batch,
                       micro_batch_size=args.micro_batch, ppo_epochs=args.ppo_epochs, lr=args.lr,
                       kl_coef=args.kl_coef, cliprange=0.2, temperature=1.0, warmup_steps=args.warmup_steps,
-                      steps=args.steps, seed=args.seed)
+                      steps=args.steps, seed=args.seed, trl_generation=args.trl_generation)
     work.check()
     return work
 

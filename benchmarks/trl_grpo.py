@@ -40,6 +40,9 @@ class SharedWork:
     steps: int
     seed: int
     task: str = "builtin:add"
+    # TRL's generation: "vllm-colocate" (use_vllm=True, vllm_mode="colocate": what TRL users pick for speed)
+    # or "hf" (transformers generate)
+    trl_generation: str = "vllm-colocate"
 
     @property
     def samples(self) -> int:
@@ -66,15 +69,23 @@ def grpo_config_kwargs(work: SharedWork, output_dir: str, on_gpu: bool = True) -
     """GRPOConfig(**kwargs) for `work` (see the module docstring for the mapping)."""
     work.check()
     optimizer_steps = (work.warmup_steps + work.steps) * work.optimizer_steps_per_rl_step
-    return dict(
+    if work.trl_generation == "vllm-colocate":
+        # vLLM's SamplingParams spells the floor min_tokens; 0.3 of the GPU is TRL's default colocate budget
+        generation = dict(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=0.3,
+                          generation_kwargs={"min_tokens": work.response_length})
+    elif work.trl_generation == "hf":
+        generation = dict(use_vllm=False, generation_kwargs={"min_new_tokens": work.response_length})
+    else:
+        raise ValueError(f"--trl-generation: {work.trl_generation!r} is not vllm-colocate or hf")
+    return dict(**generation,
         output_dir=output_dir, per_device_train_batch_size=work.micro_batch_size,
         gradient_accumulation_steps=work.mini_batch_size // work.micro_batch_size,
         steps_per_generation=work.samples // work.micro_batch_size, num_generations=work.samples_per_prompt,
         num_iterations=work.ppo_epochs, max_completion_length=work.response_length,
-        generation_kwargs={"min_new_tokens": work.response_length}, temperature=work.temperature, top_p=1.0,
+        temperature=work.temperature, top_p=1.0,
         top_k=0, beta=work.kl_coef, epsilon=work.cliprange, learning_rate=work.lr, lr_scheduler_type="constant",
         warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0, max_steps=optimizer_steps,
-        bf16=on_gpu, use_cpu=not on_gpu, use_vllm=False, gradient_checkpointing=False, shuffle_dataset=False,
+        bf16=on_gpu, use_cpu=not on_gpu, gradient_checkpointing=False, shuffle_dataset=False,
         remove_unused_columns=False, logging_steps=1, report_to="none", save_strategy="no", seed=work.seed,
         dataloader_num_workers=0, log_completions=False,
     )
@@ -137,7 +148,8 @@ def run_trl(work: SharedWork, output_dir: str) -> dict:
     tokens = tokens_per_rl_step[work.warmup_steps:len(step_s) + work.warmup_steps]
     import trl
 
-    return {"framework": f"trl {trl.__version__} GRPOTrainer (transformers generate)", "timed_steps": len(step_s),
+    how = "vLLM colocate" if work.trl_generation == "vllm-colocate" else "transformers generate"
+    return {"framework": f"trl {trl.__version__} GRPOTrainer ({how})", "timed_steps": len(step_s),
             "step_time_s": sum(step_s) / len(step_s), "tokens_per_step": sum(tokens) / len(tokens),
             "throughput_tokens_per_s": sum(tokens) / sum(step_s),
             "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if on_gpu else None,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.distributed as dist
@@ -28,6 +28,7 @@ class RolloutRole:
     device: torch.device
     step: int = 0
     last_sync: ReshardStats | None = None
+    memory: dict[str, float] = field(default_factory=dict)  # rollout/* GiB freed by sleep, taken by wake (CUDA)
 
     def generate(self, batch) -> None:
         """Sample responses for this replica's rows and share tokens, masks and log-probs with every rank."""
@@ -39,7 +40,10 @@ class RolloutRole:
             sampling = replace(self.sampling, seed=self.sampling.seed + 7919 * self.step + dp_rank)
             prompts = RolloutBatch(batch.tokens[mine].to(self.device), batch.prompt_lens[mine].to(self.device))
             out = self.engine.generate(prompts, sampling)
+            before = _free_gib()
             self.engine.sleep()  # hand the KV cache (and, at sleep level 2, weights) back to training
+            if before is not None:
+                self.memory["rollout/sleep_freed_gib"] = _free_gib() - before
             local = (out.tokens, out.response_mask, out.logprobs)
         shape = (total,)
         batch.tokens = share_from_role(local[0], self.mesh, rows, shape, torch.long, self.device).cpu()
@@ -51,12 +55,27 @@ class RolloutRole:
         """Reshard the actor's current weights into the engine (collective over actor and rollout ranks)."""
         src = training_shards(unwrap(actor.model)) if actor is not None else {}
         if self.engine is not None:
+            before = _free_gib()
             self.engine.wake_up(("weights",))
+            if before is not None:
+                self.memory["rollout/wake_weights_taken_gib"] = before - _free_gib()
         targets = self.engine.weight_tensors() if self.engine is not None else {}
         _, self.last_sync = self.bridge.reshard(src, targets)
         if self.engine is not None:
             self.engine.weights_written()
+            before = _free_gib()
             self.engine.wake_up(("kv_cache",))
+            if before is not None:
+                self.memory["rollout/wake_kv_taken_gib"] = before - _free_gib()
+
+
+def _free_gib() -> float | None:
+    """Free device memory as the driver sees it (vLLM's sleep allocator frees outside torch's caching
+    allocator, so torch.cuda.memory_allocated would not show it); None without CUDA."""
+    if not torch.cuda.is_available():
+        return None
+    torch.cuda.synchronize()
+    return torch.cuda.mem_get_info()[0] / 2**30
 
 
 def build_rollout_role(

@@ -101,6 +101,7 @@ class RLTrainer:
                                         ("old_logprobs", "advantages") + (("ref_logprobs",) if self._kl_loss else ()))
         with timer("sync"):
             self.rollout.sync(self.roles.get("actor"))
+        metrics |= self.rollout.memory  # sleep/wake figures of this rank's engine (empty off the rollout)
         self.kl_ctl.update(kl, batch.size)
         return self._step_metrics(batch, metrics, parity, kl, timer)
 

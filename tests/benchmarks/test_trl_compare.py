@@ -16,13 +16,20 @@ def _work(**kw) -> SharedWork:
 
 
 def test_grpo_mapping_matches_hybridflow_step():
-    kw = grpo_config_kwargs(_work(), "/out")
+    kw = grpo_config_kwargs(_work(trl_generation="hf"), "/out")
     # 32 samples per RL step, 16 per optimizer step, micro-batch 2, 2 epochs -> 4 optimizer steps per RL step
     assert kw["per_device_train_batch_size"] == 2 and kw["gradient_accumulation_steps"] == 8
     assert kw["steps_per_generation"] == 16 and kw["num_generations"] == 4 and kw["num_iterations"] == 2
     assert kw["max_steps"] == 3 * 4
     assert kw["max_completion_length"] == 16 and kw["generation_kwargs"] == {"min_new_tokens": 16}
     assert kw["beta"] == 0.04 and kw["bf16"] and not kw["use_vllm"]
+
+
+def test_trl_defaults_to_its_colocated_vllm_with_the_same_fixed_length():
+    kw = grpo_config_kwargs(_work(), "/out")
+    assert kw["use_vllm"] and kw["vllm_mode"] == "colocate" and kw["generation_kwargs"] == {"min_tokens": 16}
+    with pytest.raises(ValueError, match="--trl-generation"):
+        grpo_config_kwargs(_work(trl_generation="fast"), "/out")
 
 
 @pytest.mark.parametrize("bad, flag", [({"micro_batch_size": 3}, "--micro-batch"),
