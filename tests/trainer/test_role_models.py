@@ -49,7 +49,7 @@ def test_own_critic_and_reward_model_train_end_to_end(tmp_path):
     cfg = load_experiment("tiny_cpu", [*CRITIC, *reward])
     assert cfg.critic_model.hidden_size == 64 and cfg.reward_model.hidden_size == 32
     out = tmp_path / "run"
-    run(out, *CRITIC, *reward, "roles.reward.enabled=true", "reward.use_model=true",
+    result = run(out, *CRITIC, *reward, "roles.reward.enabled=true", "reward.use_model=true",
         "data.train_batch_size=16", "algorithm.mini_batch_size=16", "roles.actor.micro_batch_size=8",
         "roles.critic.micro_batch_size=4", "trainer.total_steps=3", "trainer.warmup_sft_steps=0",
         "trainer.save_every=0")
@@ -62,3 +62,7 @@ def test_own_critic_and_reward_model_train_end_to_end(tmp_path):
     scores = [r["reward/mean"] for r in records]
     assert all(math.isfinite(s) for s in scores) and any(s not in (0.0, 1.0) for s in scores), scores
     assert (out / "init_critic_model" / "config.json").exists()  # built from its own shape, not the policy's
+    # The run's header, and megatron-core's per-build deprecation said once instead of once per model per rank.
+    assert result.stdout.startswith("hybridflow run: experiment tiny_cpu\n  plan:   4 GPUs"), result.stdout
+    assert f"  output: {out.resolve()}\n" in result.stdout
+    assert "IS DEPRECATED" not in result.stderr and result.stderr.count("GPTModel deprecated") == 1
