@@ -2,10 +2,12 @@
 
     python -m hybridflow.convert hf-to-mcore --hf DIR --out DIR --tp T --pp P [--dtype auto|fp32|bf16]
     python -m hybridflow.convert mcore-to-hf --ckpt DIR --out DIR [--tp T --pp P] [--dtype auto|fp32|bf16]
+    python -m hybridflow.convert mcore-to-vllm --ckpt DIR --out DIR --tp T [--hf-config DIR] [--dtype ...]
 
 Runs on CPU: it starts ``tp * pp`` local ranks itself (forked, gloo) and each rank converts only its
 shard (HF slices are read per rank; the dist checkpoint is TP x PP independent, so ``mcore-to-hf`` may use
-any layout that fits, default 1 x 1). Bad input: one line on stderr, exit code 2.
+any layout that fits, default 1 x 1). ``mcore-to-vllm`` (see `hybridflow.convert_vllm`) writes one
+safetensors file per vLLM TP rank in one process. Bad input: one line on stderr, exit code 2.
 """
 
 from __future__ import annotations
@@ -30,10 +32,15 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     to_mcore.add_argument("--hf", required=True, help="local HF model directory (config.json + safetensors)")
     to_hf = sub.add_parser("mcore-to-hf", help="megatron-core dist checkpoint -> HF model directory")
     to_hf.add_argument("--ckpt", required=True, help="dist checkpoint written by hf-to-mcore or training")
-    for p in (to_mcore, to_hf):
+    to_vllm = sub.add_parser("mcore-to-vllm", help="megatron-core dist checkpoint (or HF dir) -> vLLM TP shards")
+    to_vllm.add_argument("--ckpt", required=True, help="dist checkpoint, or an HF model directory")
+    to_vllm.add_argument("--hf-config", default=None, help="HF config dir (default: --ckpt, its hf_config/, parent)")
+    to_vllm.add_argument("--tp", type=int, required=True, help="vLLM tensor-parallel size")
+    for p in (to_mcore, to_hf, to_vllm):
         p.add_argument("--out", required=True, help="output directory (must be new or empty)")
-        p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks to convert with")
-        p.add_argument("--pp", type=int, default=1, help="pipeline-parallel ranks to convert with")
+        if p is not to_vllm:
+            p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks to convert with")
+            p.add_argument("--pp", type=int, default=1, help="pipeline-parallel ranks to convert with")
         p.add_argument(
             "--dtype",
             choices=["auto", *DTYPES],
@@ -60,7 +67,7 @@ def _validate(args: argparse.Namespace):
     from megatron_adapters.model import load_hf_config, transformer_config_from_hf
 
     for field in ("tp", "pp"):
-        if getattr(args, field) < 1:
+        if getattr(args, field, 1) < 1:
             raise ValueError(f"--{field}: must be >= 1, got {getattr(args, field)}")
     out = Path(args.out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
@@ -114,6 +121,12 @@ def _convert_rank(rank: int, args: argparse.Namespace, hf_config, port: int, err
 
 def convert(args: argparse.Namespace) -> None:
     """Validate, then run the conversion in ``tp * pp`` forked CPU ranks (ValueError on bad input)."""
+    if args.direction == "mcore-to-vllm":
+        from hybridflow.convert_vllm import convert_to_vllm
+
+        dtype = None if args.dtype == "auto" else _dtype(args.dtype, None)  # auto: the checkpoint's own
+        convert_to_vllm(args.ckpt, args.out, args.tp, args.hf_config, dtype)
+        return
     hf_config = _validate(args)
     import torch.multiprocessing as mp
 
@@ -144,7 +157,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     with cli_errors():
         convert(args)
     source = args.hf if args.direction == "hf-to-mcore" else args.ckpt
-    print(f"converted {source} -> {args.out} ({args.direction}, tp={args.tp}, pp={args.pp})")
+    layout = f"tp={args.tp}" + (f", pp={args.pp}" if hasattr(args, "pp") else "")
+    print(f"converted {source} -> {args.out} ({args.direction}, {layout})")
     return 0
 
 

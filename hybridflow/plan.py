@@ -1,10 +1,12 @@
 """`python -m hybridflow.plan +experiment=NAME [key=value ...] [--out PATH]`: print the placement plan and
-per-GPU memory table, write it as JSON (default ./plan.json). Needs no GPU."""
+per-GPU memory table and the predicted step time (the auto search's cost model, also for explicit plans),
+write it as JSON (default ./plan.json), and print the command that runs it. Needs no GPU."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -13,6 +15,7 @@ from hybridflow.config import load_experiment, split_argv
 from hybridflow.errors import cli_errors
 from hybridflow.placement import plan_placement
 from hybridflow.placement.auto import search_placement
+from hybridflow.placement.auto.predict import predict_stage_times
 from hybridflow.placement.report import format_plan
 
 
@@ -39,11 +42,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(format_plan(plan))
     if explanation is not None:
         print("\n" + explanation.format())
-    out = Path(args.out)
+        stage_s = explanation.stage_s
+    else:
+        stage_s = predict_stage_times(cfg, plan)
+        stages = ", ".join(f"{name} {t:.1f} s" for name, t in stage_s.items())
+        print(f"\npredicted step time: {sum(stage_s.values()):.1f} s ({stages}; cost model for "
+              f"{cfg.cluster.gpu_type})")
+    out = Path(args.out).resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"experiment": cfg.name, **plan.to_json(),
-                                   **({"auto": explanation.to_json()} if explanation else {})}, indent=1))
-    print(f"\nwrote {out}")
+    out.write_text(json.dumps({"experiment": cfg.name, **plan.to_json(), "predicted_stage_s": stage_s,
+                               **({"auto": explanation.to_json()} if explanation else {})}, indent=1))
+    print(f"wrote {out}")
+    print("next: " + shlex.join(["python", "-m", "hybridflow.run", *args.overrides]))
     return 0
 
 

@@ -6,13 +6,16 @@ torchrun or srun it is one of those ranks already.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 from hybridflow.config import load_experiment, split_argv
 from hybridflow.errors import cli_errors
 from hybridflow.launch import LaunchError, detect_launcher, launch_local
+from hybridflow.noise import quiet_known_noise
 from hybridflow.placement import plan_placement
+from hybridflow.placement.report import plan_summary
 from hybridflow.trainer.preflight import preflight
 
 
@@ -22,6 +25,10 @@ def main(argv: list[str] | None = None) -> None:
         cfg = load_experiment(experiment, overrides)
         plan = plan_placement(cfg)
         preflight(cfg, plan)
+        if os.environ.get("RANK", "0") == "0":  # under torchrun/srun every rank runs this: say it once
+            print(f"hybridflow run: experiment {cfg.name}\n  plan:   {plan_summary(plan)}\n"
+                  f"  output: {Path(cfg.trainer.output_dir).resolve()}", flush=True)
+        quiet_known_noise()
         # Imported only now: megatron-core's import-time warnings should not bury a bad-input message.
         from hybridflow.trainer.worker import worker_main
 

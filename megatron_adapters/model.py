@@ -201,9 +201,14 @@ class ScalarHead(MegatronModule):
         self.sequence_parallel = config.sequence_parallel
         device = None if config.use_cpu_initialization else torch.cuda.current_device()
         weight = torch.empty(1, config.hidden_size, dtype=config.params_dtype, device=device)
-        self.weight = torch.nn.Parameter(
-            config.init_method(weight) if config.perform_initialization else weight
-        )
+        if config.perform_initialization:
+            # Used when the checkpoint has no `score` (a critic or reward model started from a causal LM).
+            # N(0, 1/(hidden+1)), OpenRLHF's value-head init: the final RMSNorm output has entries of size
+            # ~1, so the first values are ~N(0, 1/hidden), near zero as a fresh critic's should be; a zero
+            # head would start at 0 too but pass the body no gradient until the head itself has moved.
+            # Every TP rank draws the same numbers: the role's RNG is seeded identically there.
+            torch.nn.init.normal_(weight, mean=0.0, std=1.0 / (config.hidden_size + 1))
+        self.weight = torch.nn.Parameter(weight)
         self.weight.sequence_parallel = config.sequence_parallel
 
     def forward(self, hidden_states, weight=None, runtime_gather_output=None):

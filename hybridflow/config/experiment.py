@@ -8,7 +8,7 @@ from hybridflow.config.algorithm import AlgorithmConfig
 from hybridflow.config.bounds import check_bounds
 from hybridflow.config.cluster import ClusterConfig, resolve_cluster
 from hybridflow.config.data import DataConfig, RewardConfig
-from hybridflow.config.model import ModelConfig, apply_hf_checkpoint, validate_model
+from hybridflow.config.model import ModelConfig, apply_hf_checkpoint, check_same_vocab, validate_model
 from hybridflow.config.parallel import ROLES, RolesConfig
 from hybridflow.config.placement import PlacementConfig
 from hybridflow.config.rollout import RolloutConfig
@@ -52,6 +52,7 @@ def finalize_experiment(cfg: ExperimentConfig) -> ExperimentConfig:
     for name in ("model", "critic_model", "reward_model"):
         if getattr(cfg, name) is not None:
             validate_model(getattr(cfg, name), name)
+            check_same_vocab(cfg.model, getattr(cfg, name), name)
     cfg.cluster = resolve_cluster(cfg.cluster)
     _inherit_ref_parallel(cfg)
     for role in ("actor", "rollout"):

@@ -9,7 +9,10 @@ from pathlib import Path
 from hybridflow.config.bounds import bounded
 from hybridflow.errors import UserError
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
+CAUSAL_LM_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
+# A critic or reward model may come from a sequence-classification checkpoint (its `score` head is loaded).
+SUPPORTED_ARCHITECTURES = (*CAUSAL_LM_ARCHITECTURES,
+                           *(a.replace("ForCausalLM", "ForSequenceClassification") for a in CAUSAL_LM_ARCHITECTURES))
 DTYPES = ("bf16", "fp32", "fp16")
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
@@ -57,7 +60,7 @@ def apply_hf_checkpoint(model: ModelConfig, field: str) -> ModelConfig:
     values = {name: hf[name] for name in _HF_SHAPE_FIELDS if name in hf}
     architectures = hf.get("architectures") or [model.architecture]
     values["architecture"] = architectures[0]
-    if values["architecture"] == "Qwen2ForCausalLM":
+    if values["architecture"].startswith("Qwen2"):
         values.setdefault("attention_bias", True)
     values.setdefault("num_key_value_heads", values.get("num_attention_heads", model.num_attention_heads))
     return ModelConfig(**{**model.__dict__, **values})
@@ -65,6 +68,11 @@ def apply_hf_checkpoint(model: ModelConfig, field: str) -> ModelConfig:
 
 def validate_model(model: ModelConfig, field: str) -> None:
     """Check the shape rules between fields that every later stage relies on (ranges: `check_bounds`)."""
+    if field == "model" and model.architecture not in CAUSAL_LM_ARCHITECTURES:
+        raise UserError(
+            f"model.architecture: the policy {model.architecture!r} has no LM head; use one of "
+            f"{', '.join(CAUSAL_LM_ARCHITECTURES)} (sequence-classification models serve as critic_model/reward_model)"
+        )
     if model.hidden_size % model.num_attention_heads:
         raise UserError(
             f"{field}.hidden_size: {model.hidden_size} is not divisible by num_attention_heads="
@@ -74,4 +82,14 @@ def validate_model(model: ModelConfig, field: str) -> None:
         raise UserError(
             f"{field}.num_key_value_heads: {model.num_key_value_heads} does not divide num_attention_heads="
             f"{model.num_attention_heads}; use a divisor"
+        )
+
+
+def check_same_vocab(policy: ModelConfig, other: ModelConfig, field: str) -> None:
+    """A critic or reward model reads the actor's token ids (values and scores are per token), so its
+    vocabulary must be the policy's; hidden size and depth may differ."""
+    if other.vocab_size != policy.vocab_size:
+        raise UserError(
+            f"{field}.vocab_size: {other.vocab_size} differs from model.vocab_size={policy.vocab_size} (it scores "
+            f"the actor's token ids); use a {field} checkpoint with the policy's tokenizer"
         )

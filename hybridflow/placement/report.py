@@ -14,6 +14,26 @@ def _short(ranks: tuple[int, ...]) -> str:
     return ",".join(map(str, ranks))
 
 
+def set_label(roles: tuple[str, ...]) -> str:
+    return "{" + ", ".join(roles) + "}"
+
+
+def set_memory_bytes(plan: Plan) -> dict[str, int]:
+    """Per colocation set, the most any of its GPUs holds: the figure the auto search's explanation
+    prints, taken from the same per-GPU estimates as the table below (so the two cannot disagree)."""
+    out = {}
+    for roles in plan.colocation_sets:
+        ranks = {r for role in roles for r in plan.meshes[role].ranks}
+        out[set_label(roles)] = max(plan.memory[r].total for r in ranks)
+    return out
+
+
+def plan_summary(plan: Plan) -> str:
+    """One line: GPU count and each role's layout and GPUs (the run's header)."""
+    roles = ", ".join(f"{role} tp{m.tp} pp{m.pp} dp{m.dp} on {_short(m.ranks)}" for role, m in plan.meshes.items())
+    return f"{plan.world_size} GPUs ({plan.nodes} node(s)): {roles}"
+
+
 def format_plan(plan: Plan) -> str:
     lines = [
         f"plan: {plan.world_size} GPUs = {plan.nodes} node(s) x {plan.gpus_per_node}",
@@ -26,7 +46,7 @@ def format_plan(plan: Plan) -> str:
         lines.append(
             f"  {role:<8} gpus {_short(mesh.ranks):<12} tp={mesh.tp} pp={mesh.pp} dp={mesh.dp}  tp groups {tp}{more}"
         )
-    lines.append("colocation sets: " + "  ".join("{" + ", ".join(s) + "}" for s in plan.colocation_sets))
+    lines.append("colocation sets: " + "  ".join(set_label(s) for s in plan.colocation_sets))
     lines.append("")
     # CPU "GPUs" hold a few MiB; real GPUs tens of GiB.
     unit_name, unit = ("GiB", GIB) if plan.capacity_bytes >= 16 * GIB else ("MiB", 2**20)

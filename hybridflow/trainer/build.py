@@ -28,7 +28,7 @@ from hybridflow.roles.model_role import (
 from hybridflow.roles.rollout_role import build_rollout_role
 from hybridflow.rollout.base import SamplingParams
 from hybridflow.rollout.vllm_engine import VllmEngineSpec
-from hybridflow.trainer.model_files import ensure_model_files
+from hybridflow.trainer.model_files import ensure_model_files, role_model_dirs
 from hybridflow.trainer.rewarding import build_scorer
 from hybridflow.trainer.rl_trainer import TRIM_MULTIPLE, RLTrainer
 from megatron_adapters.cpu_backend import compute_device
@@ -50,8 +50,9 @@ def build_run(cfg: ExperimentConfig, plan: Plan, work_dir: Path) -> BuiltRun:
     """Everything this rank needs for the run; every rank calls it."""
     device = compute_device()
     hf_dir, tok_dir = ensure_model_files(cfg, work_dir)
+    # Critic and reward model load their own checkpoints (own shape, same vocabulary: checked in config).
+    model_dirs = role_model_dirs(cfg, work_dir, hf_dir)
     tokenizer = load_tokenizer(tok_dir)
-    dtype = DTYPES[cfg.model.dtype]
     # The plan holds the rollout in the bridge's generation order already; the reshard plan is recomputed
     # from the same two meshes (idempotent), then every role's groups are built, collectively.
     reshard_plan, _ = generation_mesh(plan.meshes["actor"], plan.meshes["rollout"])
@@ -83,7 +84,8 @@ def build_run(cfg: ExperimentConfig, plan: Plan, work_dir: Path) -> BuiltRun:
                 f"or roles.{role}.parallel.sequence_parallel=false"
             )
         roles[role] = build_model_role(
-            role, meshes[role], groups[role], hf_dir, HEADS[role], dtype, role_cfg.micro_batch_size,
+            role, meshes[role], groups[role], model_dirs[role], HEADS[role], DTYPES[cfg.role_model(role).dtype],
+            role_cfg.micro_batch_size,
             optimizer=settings if trained else None, seed=cfg.trainer.seed, **overrides,
         )
 

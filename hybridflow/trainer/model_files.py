@@ -4,6 +4,9 @@ No model hub is involved. With `model.path` unset (the CPU default) rank 0 write
 checkpoint of the configured shape and a character tokenizer (over the built-in tasks' 13 characters, or
 printable ASCII) into the run directory, so every role loads
 its weights through the same HF safetensors path a real checkpoint takes.
+
+The critic and the reward model may name their own model (`critic_model`, `reward_model`): its `path` when
+set, else a random checkpoint of its own shape; with no model of their own they start from the policy's.
 """
 
 from __future__ import annotations
@@ -36,21 +39,39 @@ def random_hf_checkpoint(model: ModelConfig, out_dir: Path, seed: int) -> None:
         rms_norm_eps=model.rms_norm_eps, tie_word_embeddings=model.tie_word_embeddings,
         bos_token_id=1, eos_token_id=2, pad_token_id=0,
     )
-    if model.architecture != "Qwen2ForCausalLM":
+    # A sequence-classification architecture with no checkpoint: its body as a causal LM (the score head
+    # is initialised when the role is built).
+    architecture = model.architecture.replace("ForSequenceClassification", "ForCausalLM")
+    if architecture != "Qwen2ForCausalLM":
         fields["attention_bias"] = model.attention_bias
-    config = _CONFIG_CLASSES[model.architecture](**fields)
+    config = _CONFIG_CLASSES[architecture](**fields)
     torch.manual_seed(seed)
     transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(out_dir)
 
 
+def role_model_dirs(cfg: ExperimentConfig, work_dir: Path, hf_dir: str) -> dict[str, str]:
+    """HF checkpoint dir per model role: the policy's `hf_dir` unless the role names its own model."""
+    dirs = {role: hf_dir for role in ("actor", "ref", "critic", "reward")}
+    for role in ("critic", "reward"):
+        model = cfg.role_model(role)
+        if model is not cfg.model:
+            dirs[role] = model.path or str(work_dir / f"init_{role}_model")
+    return dirs
+
+
 def ensure_model_files(cfg: ExperimentConfig, work_dir: Path) -> tuple[str, str]:
-    """(HF checkpoint dir, tokenizer dir), creating the local stand-ins on rank 0 when paths are unset."""
+    """(HF checkpoint dir, tokenizer dir), creating the local stand-ins on rank 0 when paths are unset
+    (for the critic's and reward model's own shapes too, see `role_model_dirs`)."""
     hf_dir = Path(cfg.model.path) if cfg.model.path else work_dir / "init_model"
     tok_dir = Path(cfg.data.tokenizer) if cfg.data.tokenizer else (
         Path(cfg.model.path) if cfg.model.path else work_dir / "tokenizer")
     if dist.get_rank() == 0:
         if not cfg.model.path and not (hf_dir / "config.json").is_file():
             random_hf_checkpoint(cfg.model, hf_dir, cfg.trainer.seed)
+        for role, model_dir in role_model_dirs(cfg, work_dir, str(hf_dir)).items():
+            model = cfg.role_model(role)
+            if model is not cfg.model and not model.path and not (Path(model_dir) / "config.json").is_file():
+                random_hf_checkpoint(model, Path(model_dir), cfg.trainer.seed)
         if not cfg.data.tokenizer and not cfg.model.path and not (tok_dir / "tokenizer.json").is_file():
             alphabet = BUILTIN_ALPHABET if is_builtin(cfg.data.source) else DEFAULT_ALPHABET
             tokenizer = build_char_tokenizer(tok_dir, alphabet)

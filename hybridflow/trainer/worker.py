@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 
 from hybridflow.config import load_experiment
 from hybridflow.launch import init_distributed
+from hybridflow.noise import quiet_known_noise
 from hybridflow.placement import plan_placement
 from hybridflow.trainer.loop import train
 from megatron_adapters.cpu_backend import enable_cpu_backend
@@ -22,6 +21,5 @@ def worker_main(experiment: str | None, overrides: list[str]) -> dict[str, float
         # CPU ranks share the machine's cores; one thread each avoids oversubscription and keeps
         # reductions in a fixed order (bitwise-reproducible resume).
         torch.set_num_threads(1)
-    for noisy in ("Apex is not installed", "CUDA_DEVICE_MAX_CONNECTIONS", "is deprecated", "non-leaf Tensor"):
-        warnings.filterwarnings("ignore", message=f".*{noisy}.*")
+    quiet_known_noise()  # megatron/torch repeats: once, as one line, on rank 0
     return train(cfg, plan)

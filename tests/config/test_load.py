@@ -81,7 +81,8 @@ def test_split_argv_defaults_to_tiny_cpu():
 
 
 def test_group_selection_and_named_submodels():
-    cfg = load_experiment("tiny_cpu", ["+model@critic_model=qwen2_7b"])
+    # (the policy's vocabulary: a critic scores the actor's token ids)
+    cfg = load_experiment("tiny_cpu", ["+model@critic_model=qwen2_7b", "critic_model.vocab_size=17"])
     assert cfg.critic_model.architecture == "Qwen2ForCausalLM" and cfg.critic_model.attention_bias
     assert cfg.role_model("critic") is cfg.critic_model
     assert cfg.role_model("reward") is cfg.model

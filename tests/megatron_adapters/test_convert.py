@@ -79,3 +79,34 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     assert err.startswith("error: --out:")
     err = _exit_line(["mcore-to-hf", "--ckpt", str(tmp_path / "llama"), "--out", str(tmp_path / "o")], capsys)
     assert err.startswith("error: --ckpt:")
+
+
+def test_mcore_to_vllm_writes_one_shard_per_rank(tmp_path, capsys):
+    from safetensors import safe_open
+
+    save_tiny_model("llama", tmp_path / "hf", seed=5)
+    assert main(["hf-to-mcore", "--hf", str(tmp_path / "hf"), "--out", str(tmp_path / "ckpt")]) == 0
+    for source in ("ckpt", "hf"):  # a dist checkpoint, and an HF directory
+        out = tmp_path / f"vllm_{source}"
+        assert main(["mcore-to-vllm", "--ckpt", str(tmp_path / source), "--out", str(out), "--tp", "2"]) == 0
+        manifest = json.loads((out / "vllm_shards.json").read_text())
+        assert manifest["tp"] == 2 and (out / "config.json").exists()
+        for rank in range(2):
+            with safe_open(str(out / f"rank{rank}.safetensors"), "pt") as f:
+                assert {k: list(f.get_slice(k).get_shape()) for k in f.keys()} == manifest["tensors"][str(rank)]
+        qkv = manifest["tensors"]["0"]["model.layers.0.self_attn.qkv_proj.weight"]
+        assert qkv == [(8 + 2 * 4) * 8 // 2, 64]  # (q heads + k + v) x head_dim / tp, hidden
+    assert "mcore-to-vllm, tp=2" in capsys.readouterr().out
+    assert not list(tmp_path.glob(".*.partial"))
+
+
+def test_mcore_to_vllm_bad_input_is_one_line(tmp_path, capsys):
+    save_tiny_model("llama", tmp_path / "hf")
+    vllm = ["mcore-to-vllm", "--out", str(tmp_path / "o")]
+    assert _exit_line([*vllm, "--ckpt", str(tmp_path / "none"), "--tp", "2"], capsys).startswith("error: --ckpt:")
+    err = _exit_line([*vllm, "--ckpt", str(tmp_path / "hf"), "--tp", "3"], capsys)
+    assert err.startswith("error: --tp: 3 cannot shard"), err
+    assert _exit_line([*vllm, "--ckpt", str(tmp_path / "hf"), "--tp", "0"], capsys).startswith("error: --tp:")
+    assert _exit_line([*vllm[:1], "--ckpt", str(tmp_path / "hf"), "--tp", "2", "--out", str(tmp_path / "hf")],
+                      capsys).startswith("error: --out:")
+    assert not (tmp_path / "o").exists() and not list(tmp_path.glob(".*.partial"))

@@ -25,6 +25,7 @@ from hybridflow.placement.checks import check_batch_sizes
 from hybridflow.placement.memory import GIB, estimate_role_memory
 from hybridflow.placement.mesh import Dims
 from hybridflow.placement.planner import Plan, build_plan
+from hybridflow.placement.report import set_memory_bytes
 
 # The estimator leaves out CUDA context, NCCL buffers and fragmentation; the search keeps this share of each
 # GPU free for them (the final build_plan check still runs against the full capacity).
@@ -116,7 +117,12 @@ def plan_from_candidate(cfg: ExperimentConfig, cand: Candidate) -> Plan:
 def search_placement(cfg: ExperimentConfig, eff: Efficiency | None = None) -> tuple[Plan, Explanation]:
     """The chosen plan for `placement.mode=auto` and the explanation of the choice."""
     result = search_config(cfg, eff)
-    return plan_from_candidate(cfg, result.chosen), explain(result)
+    plan = plan_from_candidate(cfg, result.chosen)
+    explanation = explain(result)
+    # Memory as the plan's per-GPU table reports it (the search's own figure leaves out what build_plan adds
+    # per rank), so the explanation and the table print one number.
+    explanation.memory_gib = {name: b / GIB for name, b in set_memory_bytes(plan).items()}
+    return plan, explanation
 
 
 def config_with_plan(cfg: ExperimentConfig, plan: Plan) -> ExperimentConfig:

@@ -1,0 +1,95 @@
+"""Known third-party warnings, shown once as one line instead of a wall of repeats from every rank.
+
+megatron-core, torch and transformers warn at import and at every model build (four ranks x several
+roles print the same deprecation each step of the setup). Each entry below is one such message and what it
+means for a hybridflow run; the first occurrence prints `note: <meaning>` on rank 0 (or the launching
+process) and every later one, on any rank, is dropped. Warnings not listed pass through unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import warnings
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Noise:
+    """A known message (a substring of it), the logger that emits it (None: `warnings.warn`), and its
+    one-line meaning."""
+
+    text: str
+    meaning: str
+    logger: str | None = None
+    quote: bool = False  # a catch-all entry: add the message itself (cut short) to say which one
+
+
+KNOWN_NOISE = (
+    Noise("GPTModel IS DEPRECATED", "megatron-core marks GPTModel deprecated (0.19 still ships it; hybridflow "
+          "builds on it)", "megatron.core.models.gpt.gpt_model"),
+    Noise("full_param_layout not provided", "megatron-core DDP computes its parameter layout itself",
+          "megatron.core.distributed.distributed_data_parallel"),
+    Noise("No CUDA runtime is found", "no CUDA runtime: running on the CPU backend", "torch.utils.cpp_extension"),
+    Noise("Apex is not installed", "Apex is not installed: torch norms and optimizers are used"),
+    Noise("Transformer Engine and Apex are not installed", "Transformer Engine/Apex absent: megatron-core uses "
+          "its local kernels"),
+    Noise("MimoModelConfig is experimental", "megatron-core's experimental MIMO config imported (unused)"),
+    Noise("If you are using transformer_engine as the transformer implementation",
+          "megatron-core's note on recomputing Transformer Engine's fused attention"),
+    Noise("CUDA_DEVICE_MAX_CONNECTIONS", "CUDA_DEVICE_MAX_CONNECTIONS unset (matters only for TP comm overlap)"),
+    Noise("non-leaf Tensor", "torch: .grad of a non-leaf tensor read (megatron-core internals)"),
+    Noise("is deprecated", "deprecated in a dependency", quote=True),
+)
+
+_seen: set[str] = set()
+_show = True
+
+
+def _known(message: str) -> Noise | None:
+    return next((n for n in KNOWN_NOISE if n.text in message), None)
+
+
+def _note(noise: Noise, message: str) -> bool:
+    """Print `noise` the first time (where shown); True when the message was a known one."""
+    if noise.text not in _seen:
+        _seen.add(noise.text)
+        if _show:
+            said = noise.meaning + (f": {message.splitlines()[0][:100]}" if noise.quote else "")
+            print(f"note: {said} (known warning, shown once)", file=sys.stderr, flush=True)
+    return True
+
+
+class _LogFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        noise = _known(record.getMessage())
+        return noise is None or not _note(noise, record.getMessage())
+
+
+def quiet_known_noise(show: bool | None = None) -> None:
+    """Route the known warnings through `_note` in this process (idempotent). `show` defaults to "this is
+    rank 0 or not a rank": other ranks drop them silently, rank 0 says each once."""
+    global _show
+    _show = show if show is not None else os.environ.get("RANK", "0") == "0"
+    original = warnings.showwarning
+    if getattr(original, "_hybridflow", False):
+        return
+
+    def showwarning(message, category, filename, lineno, file=None, line=None):
+        noise = _known(str(message))
+        if noise is None:
+            original(message, category, filename, lineno, file, line)
+        else:
+            _note(noise, str(message))
+
+    showwarning._hybridflow = True  # type: ignore[attr-defined]
+    warnings.showwarning = showwarning
+    # "always": the default filter shows a warning once per call site, so the same text from ten sites
+    # would reach us ten times anyway; here it is counted once by text.
+    for noise in KNOWN_NOISE:
+        if noise.logger is None:
+            warnings.filterwarnings("always", message=f".*{noise.text}.*")
+    log_filter = _LogFilter()
+    for name in {n.logger for n in KNOWN_NOISE if n.logger}:
+        logging.getLogger(name).addFilter(log_filter)
