@@ -15,6 +15,10 @@ class DataConfig:
     max_prompt_length: int = bounded(32, ge=1)
     train_batch_size: int = bounded(8, ge=1)  # prompts per step
     seq_length: int = bounded(64, ge=2)  # prompt + response tokens per sample (training sequence length)
+    # Validation prompts (trainer.val_every / val_before_train): a .jsonl/.parquet path, or None = a held-out
+    # split of a builtin:<task> source (prompts disjoint from the training set).
+    val_source: str | None = None
+    val_size: int = bounded(64, ge=1)  # validation prompts (the first val_size rows of val_source)
 
 
 @dataclass

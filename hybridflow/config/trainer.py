@@ -22,6 +22,9 @@ class TrainerConfig:
     save_every: int = bounded(0, ge=0)  # 0 = only at the end
     resume: str = "auto"  # "auto" | "never" | path to a checkpoint dir
     output_dir: str = "runs/${name}"
+    val_every: int = bounded(0, ge=0)  # validate every N RL steps (and after the last); 0 = off
+    val_before_train: bool = False  # validate once before the first RL step (after the SFT warm-up)
+    val_temperature: float = bounded(0.0, ge=0)  # validation sampling temperature; 0 = greedy
     parity_max_abs: float = bounded(1e-4, gt=0)  # rollout vs actor log-prob parity gate
 
 

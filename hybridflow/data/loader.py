@@ -8,6 +8,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from hybridflow.data.batching import PromptBatch, collate_prompts
+from hybridflow.data.chat import render_chat_rows
 from hybridflow.data.prompts import PromptDataset, drop_overlong
 from hybridflow.errors import UserError
 
@@ -25,6 +26,8 @@ class PromptLoader:
         seed: int = 0,
         shuffle: bool = True,
     ):
+        # Chat prompts become template text here, where the tokenizer is known; later stages see only strings.
+        dataset = PromptDataset(render_chat_rows(dataset.rows, dataset.prompt_key, tokenizer), dataset.prompt_key)
         self.dataset, self.num_dropped = drop_overlong(dataset, tokenizer, max_prompt_length)
         if not 0 < batch_size <= len(self.dataset):
             raise UserError(

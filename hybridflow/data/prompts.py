@@ -9,6 +9,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
+from hybridflow.data.chat import is_chat
 from hybridflow.data.tasks import builtin_task, is_builtin, task_rows
 from hybridflow.errors import UserError
 
@@ -73,10 +74,11 @@ def _check_prompts(rows: list[Row], prompt_key: str, source: str) -> None:
                 f"data.prompt_key: row {index} of {source} has no field {prompt_key!r} (fields: {fields}); "
                 "set data.prompt_key to the field holding the prompt"
             )
-        if not isinstance(row[prompt_key], str):
+        if not isinstance(row[prompt_key], str) and not is_chat(row[prompt_key]):
             raise UserError(
                 f"data.prompt_key: field {prompt_key!r} of row {index} of {source} is "
-                f"{type(row[prompt_key]).__name__}, not text; point data.prompt_key at a string field"
+                f"{type(row[prompt_key]).__name__}, not text or a list of {{role, content}} messages; "
+                "point data.prompt_key at such a field"
             )
 
 

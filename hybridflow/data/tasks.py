@@ -75,3 +75,21 @@ def task_rows(task: BuiltinTask, num_examples: int, seed: int) -> list[dict[str,
     """`num_examples` rows of `task`; row i is a function of (seed, i) only."""
     # A string seed is hashed with SHA-512 by `random`, so it is stable across processes and platforms.
     return [task.example(random.Random(f"{seed}:{i}")) for i in range(num_examples)]
+
+
+def held_out_rows(task: BuiltinTask, num_examples: int, seed: int, num_train: int) -> list[dict[str, str]]:
+    """`num_examples` rows whose prompts are not among the first `num_train` (the training set), drawn from
+    indices past `num_train` so they are as deterministic as the training rows."""
+    train = {row["prompt"] for row in task_rows(task, num_train, seed)}
+    rows, i = [], num_train
+    # A task with few distinct prompts could be exhausted; stop well past any sensible search.
+    while len(rows) < num_examples and i < num_train + 100 * num_examples:
+        row = task.example(random.Random(f"{seed}:{i}"))
+        if row["prompt"] not in train:
+            train.add(row["prompt"])  # no repeats inside the validation set either
+            rows.append(row)
+        i += 1
+    if len(rows) < num_examples:
+        raise UserError(f"data.val_size: the built-in task has only {len(rows)} prompts outside the training "
+                        f"set; set data.val_size<={len(rows)} or data.val_source to a file")
+    return rows

@@ -15,6 +15,7 @@ from hybridflow.trainer import checkpointing
 from hybridflow.trainer.batch import StepBatch, pad_columns
 from hybridflow.trainer.build import build_run
 from hybridflow.trainer.metrics import MetricsLog
+from hybridflow.trainer.validation import Validator
 from megatron_adapters.hf_safetensors import load_hf_weights, save_hf_weights
 
 
@@ -78,10 +79,15 @@ def train(cfg: ExperimentConfig, plan: Plan) -> dict[str, float]:
     if resume_from is None:
         warmup(trainer, PromptLoader(built.dataset, tokenizer, batch, cfg.data.max_prompt_length, seed=seed + 1),
                tokenizer, cfg, log, sft_dir, built.hf_dir)
+    validator = Validator.build(cfg, tokenizer)
+    if validator is not None and cfg.trainer.val_before_train:
+        log.log(start, validator.run(trainer), phase="val")
     metrics: dict[str, float] = {}
     for step in range(start, cfg.trainer.total_steps):
         metrics = trainer.step(next_step_batch(loader, tokenizer, cfg))
         log.log(step + 1, metrics)
+        if validator is not None and validator.due(step + 1):
+            log.log(step + 1, validator.run(trainer), phase="val")
         every = cfg.trainer.save_every
         if every and ((step + 1) % every == 0 or step + 1 == cfg.trainer.total_steps):
             checkpointing.save(ckpt_root, step + 1, trainer.roles, {

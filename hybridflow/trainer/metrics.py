@@ -32,7 +32,8 @@ class MetricsLog:
         with self.path.open("a") as f:
             f.write(json.dumps(record) + "\n")
         for key, value in metrics.items():
-            self.writer.add_scalar(f"{phase}/{key}", value, step)
+            # Keys that already carry their phase (val/accuracy) are not prefixed twice.
+            self.writer.add_scalar(key if key.startswith(f"{phase}/") else f"{phase}/{key}", value, step)
         if phase == "rl":
             self.bar.update(1)
             self.bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", kl=f"{metrics['kl']:.4f}",
@@ -56,8 +57,25 @@ def read_metrics(path: Path, phase: str = "rl") -> list[dict]:
     return [by_step[s] for s in sorted(by_step)]
 
 
+def plot_validation(path: Path, out_dir: Path) -> None:
+    """validation.png: val/reward_mean and val/accuracy per step, when the run validated."""
+    records = read_metrics(path, phase="val")
+    if not records:
+        return
+    steps = [r["step"] for r in records]
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    ax.plot(steps, [r["val/reward_mean"] for r in records], marker="o", label="reward (mean)")
+    ax.plot(steps, [r["val/accuracy"] for r in records], marker="s", label="accuracy")
+    ax.set(title="validation", xlabel="step")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_dir / "validation.png", dpi=120)
+    plt.close(fig)
+
+
 def plot_run(path: Path, out_dir: Path) -> None:
-    """reward_kl.png (reward mean and KL per step) and stage_times.png (mean seconds per stage)."""
+    """reward_kl.png (reward mean and KL per step), stage_times.png (mean seconds per stage), validation.png."""
+    plot_validation(path, out_dir)
     records = read_metrics(path)
     if not records:
         return

@@ -7,6 +7,7 @@ this 2-core machine (numbers in the test bodies) and leave a margin against thei
 
 from __future__ import annotations
 
+import json
 import statistics
 
 import pytest
@@ -93,3 +94,15 @@ def test_first_step_after_resume_matches_uninterrupted_run(killed_and_resumed):
 def test_later_steps_after_resume_match_uninterrupted_run(killed_and_resumed):
     expected, got = killed_and_resumed
     assert got[4] == expected[4]  # the resumed step's update too: Adam's step count and moments restored
+
+
+def test_validation_accuracy_rises_on_the_cpu_default(tmp_path):
+    # The CPU default's 60 steps, greedy validation on 64 held-out prompts. Measured: accuracy 0.8125 after the
+    # SFT warm-up (step 0), 0.672 at step 20, 0.828 at steps 40 and 60; validating does not change the RL
+    # steps (the step-20 point equals a 20-step run's). The margin is one prompt of 64; the run is seeded.
+    run(tmp_path, "trainer.val_every=30", "trainer.val_before_train=true")
+    val = [r for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines()) if r["phase"] == "val"]
+    assert [r["step"] for r in val] == [0, 30, 60]
+    assert all({"val/reward_mean", "val/accuracy"} <= r.keys() for r in val)
+    assert val[-1]["val/accuracy"] > val[0]["val/accuracy"], val
+    assert (tmp_path / "validation.png").stat().st_size > 0

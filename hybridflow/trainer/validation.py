@@ -1,0 +1,88 @@
+"""Validation during training: generate on held-out prompts (greedy by default) and score them with the
+step's own reward, logged as `val/*` metrics.
+
+Every rank calls `Validator.run` at the same points, because it goes through the same collectives as the RL
+step: the rollout role's generate (which shares tokens with every rank) and the scorer's share.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from hybridflow.config import ExperimentConfig
+from hybridflow.data import collate_prompts, drop_overlong, load_prompt_dataset
+from hybridflow.data.chat import render_chat_rows
+from hybridflow.data.prompts import PromptDataset
+from hybridflow.data.tasks import builtin_task, held_out_rows, is_builtin
+from hybridflow.errors import UserError
+from hybridflow.trainer.batch import StepBatch
+
+NUM_BUILTIN_TRAIN = 8192  # load_prompt_dataset's default size of a built-in training set
+
+
+def validation_set(cfg: ExperimentConfig, tokenizer) -> PromptDataset:
+    """`data.val_size` rows of `data.val_source`, or of a held-out split of the built-in training task."""
+    d = cfg.data
+    if d.val_source:
+        dataset = load_prompt_dataset(d.val_source, d.prompt_key, seed=cfg.trainer.seed)
+    elif is_builtin(d.source):
+        rows = held_out_rows(builtin_task(d.source), d.val_size, cfg.trainer.seed, NUM_BUILTIN_TRAIN)
+        dataset = PromptDataset(rows, "prompt")
+    else:
+        raise UserError(
+            f"data.val_source: validation is on but data.source={d.source!r} is a file with no held-out split; "
+            "set data.val_source to a .jsonl/.parquet of validation prompts, or trainer.val_every=0 and "
+            "trainer.val_before_train=false"
+        )
+    dataset = PromptDataset(render_chat_rows(dataset.rows[: d.val_size], dataset.prompt_key, tokenizer),
+                            dataset.prompt_key)
+    return drop_overlong(dataset, tokenizer, d.max_prompt_length)[0]
+
+
+@dataclass
+class Validator:
+    rows: list[dict[str, Any]]
+    prompt_key: str
+    tokenizer: Any
+    cfg: ExperimentConfig
+
+    @classmethod
+    def build(cls, cfg: ExperimentConfig, tokenizer) -> Validator | None:
+        """None when neither `trainer.val_every` nor `trainer.val_before_train` asks for validation."""
+        if not cfg.trainer.val_every and not cfg.trainer.val_before_train:
+            return None
+        dataset = validation_set(cfg, tokenizer)
+        return cls(dataset.rows, dataset.prompt_key, tokenizer, cfg)
+
+    def due(self, step: int) -> bool:
+        """After every `val_every`-th RL step and after the last one."""
+        every = self.cfg.trainer.val_every
+        return bool(every) and (step % every == 0 or step == self.cfg.trainer.total_steps)
+
+    def run(self, trainer) -> dict[str, float]:
+        """`val/reward_mean` and `val/accuracy` (share of responses with full reward, >= 1) over the rows."""
+        rollout, cfg = trainer.rollout, self.cfg
+        # The training sampler's settings and step counter are put back, so a run's RL samples are the same
+        # with validation on or off (and a resumed run matches an uninterrupted one).
+        saved_sampling, saved_step = rollout.sampling, rollout.step
+        rollout.sampling = replace(saved_sampling, temperature=cfg.trainer.val_temperature)
+        chunk = cfg.data.train_batch_size * cfg.rollout.n_samples_per_prompt
+        scores = []
+        try:
+            for start in range(0, len(self.rows), chunk):
+                rows = self.rows[start : start + chunk]
+                prompts = collate_prompts(self.tokenizer, [r[self.prompt_key] for r in rows],
+                                          cfg.data.max_prompt_length, rows, total_len=cfg.data.seq_length)
+                batch = StepBatch(rows=rows, tokens=prompts.input_ids, prompt_lens=prompts.prompt_lens)
+                rollout.generate(batch)
+                scores.append(trainer.scorer.share(trainer.scorer.local(batch), batch))
+        finally:
+            rollout.sampling, rollout.step = saved_sampling, saved_step
+        # generate put the engine to sleep; a sync wakes it with the actor's weights, as after an RL step.
+        rollout.sync(trainer.roles.get("actor"))
+        all_scores = torch.cat(scores).float()
+        return {"val/reward_mean": float(all_scores.mean()),
+                "val/accuracy": float((all_scores >= 1.0).float().mean()), "val/num_prompts": float(len(self.rows))}
