@@ -63,9 +63,11 @@ def test_auto_placement_runs_its_plan(tmp_path):
 
 
 def test_grpo_reward_rises(tmp_path):
-    # measured: mean reward of steps 1-5 ~0.21, of 16-20 ~0.43
-    run(tmp_path, "+experiment=grpo_tiny_cpu", "trainer.total_steps=20")
-    first, last = _rise(rl_records(tmp_path), 5)
+    # 8 prompts x 4 samples per step is noisy: measured 2026-12-04 (commit 39b78b1 and earlier), mean reward of
+    # steps 1-5 0.205 and of 16-20 0.327 (the 20-step version of this test failed); over 40 steps the first
+    # 8 average 0.22 and the last 8 0.55
+    run(tmp_path, "+experiment=grpo_tiny_cpu", "trainer.total_steps=40")
+    first, last = _rise(rl_records(tmp_path), 8)
     assert last > first + 0.15, (first, last)
 
 

@@ -23,7 +23,8 @@ def _vllm_parameters(model_dir: str) -> dict[str, torch.Tensor]:
     vllm = pytest.importorskip("vllm")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
-    llm = vllm.LLM(model=model_dir, tensor_parallel_size=1, enforce_eager=True, gpu_memory_utilization=0.2)
+    llm = vllm.LLM(model=model_dir, tensor_parallel_size=1, enforce_eager=True, gpu_memory_utilization=0.2,
+                   skip_tokenizer_init=True)  # the checkpoint has weights and config only
     per_worker = llm.apply_model(lambda model: {n: p.detach().cpu() for n, p in model.named_parameters()})
     return per_worker[0]
 
