@@ -77,7 +77,7 @@ def test_trl_side_runs_on_cpu_when_trl_is_installed(tmp_path):
                                      num_key_value_heads=1, vocab_size=128), model_dir, 1)
     build_char_tokenizer(model_dir)
     work = _work(model_dir=str(model_dir), prompts=2, samples_per_prompt=2, response_length=4, mini_batch_size=4,
-                 micro_batch_size=2, ppo_epochs=1, warmup_steps=1, steps=1)
+                 micro_batch_size=2, ppo_epochs=1, warmup_steps=1, steps=1, trl_generation="hf")  # no vLLM on CPU
     out = run_trl(work, str(tmp_path / "trl"))
     assert out["timed_steps"] == 1 and out["step_time_s"] > 0
     prompts = [r["prompt"] for r in prompt_rows(work)[2:4]]  # the timed (second) step's prompts, unshuffled
