@@ -10,9 +10,10 @@ AdvantageEstimator = GAE | GroupNormalized
 
 
 def build_advantage_estimator(
-    name: str, *, gamma: float, lam: float, whiten: bool, group_size: int
+    name: str, *, gamma: float, lam: float, whiten: bool, group_size: int, scale_by_std: bool = True
 ) -> AdvantageEstimator:
-    """PPO: GAE over critic values (whitened if asked); GRPO: normalised within groups of `group_size`."""
+    """PPO: GAE over critic values (whitened if asked); GRPO: centred (and, with `scale_by_std`, divided by
+    the std) within groups of `group_size`."""
     if name == "ppo":
         return GAE(gamma=gamma, lam=lam, whiten=whiten)
     if name == "grpo":
@@ -20,5 +21,5 @@ def build_advantage_estimator(
             raise UserError(
                 f"rollout.n_samples_per_prompt: GRPO compares a prompt's samples, got {group_size}; set >= 2"
             )
-        return GroupNormalized(group_size=group_size)
+        return GroupNormalized(group_size=group_size, scale_by_std=scale_by_std)
     raise UserError(f"algorithm.name: unknown {name!r}; set 'ppo' or 'grpo'")

@@ -4,7 +4,8 @@ Each estimates KL(pi || ref) from tokens sampled from pi, given log pi(x) and lo
 With log_ratio = log ref(x) - log pi(x):
   k1 = -log_ratio                         unbiased, high variance, can be negative
   k2 = log_ratio**2 / 2                   biased, low variance, >= 0
-  k3 = exp(log_ratio) - 1 - log_ratio     unbiased, low variance, >= 0
+  k3 = exp(log_ratio) - 1 - log_ratio     unbiased, low variance, >= 0; clamped at K3_MAX per token (the
+                                          usual guard: exp makes one far-off token dominate the batch)
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 from hybridflow.errors import UserError
 
 KLEstimator = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+K3_MAX = 10.0
 
 
 def kl_k1(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
@@ -30,17 +32,17 @@ def kl_k2(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
 
 def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     """k3 ("low variance"): r - 1 - log r with r = ref / pi per token."""
-    log_ratio = ref_logprobs - logprobs
-    return torch.exp(log_ratio) - 1 - log_ratio
+    log_ratio = (ref_logprobs - logprobs).clamp(max=2 * K3_MAX)  # keeps exp finite before the clamp below
+    return (torch.exp(log_ratio) - 1 - log_ratio).clamp(max=K3_MAX)
 
 
 KL_ESTIMATORS: dict[str, KLEstimator] = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
 
 
-def kl_estimator(name: str) -> KLEstimator:
-    """The estimator called `name` ("k1" | "k2" | "k3")."""
+def kl_estimator(name: str, key: str = "algorithm.kl_estimator") -> KLEstimator:
+    """The estimator called `name` ("k1" | "k2" | "k3"); `key` is the config field that named it."""
     if name not in KL_ESTIMATORS:
-        raise UserError(f"algorithm.kl_estimator: unknown {name!r}; set one of {sorted(KL_ESTIMATORS)}")
+        raise UserError(f"{key}: unknown {name!r}; set one of {sorted(KL_ESTIMATORS)}")
     return KL_ESTIMATORS[name]
 
 

@@ -35,6 +35,7 @@ class ActorLossConfig:
     entropy_coef: float = 0.0
     kl_loss_coef: float = 0.0  # > 0: KL to the reference as a loss term (GRPO style) instead of in the reward
     kl_loss_estimator: str = "k3"
+    clip_ratio_c: float | None = None  # dual clip for negative advantages; None: off
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,8 @@ def actor_loss(
     kl_loss_coef > 0."""
     mask = mask.to(logprobs.dtype)
     clip_high = cfg.clip_low if cfg.clip_high is None else cfg.clip_high
-    pg_loss, clipped = ppo_policy_loss(logprobs, old_logprobs, advantages, cfg.clip_low, clip_high)
+    pg_loss, clipped = ppo_policy_loss(logprobs, old_logprobs, advantages, cfg.clip_low, clip_high,
+                                       cfg.clip_ratio_c)
     loss = pg_loss
     # KL(old || new) from tokens sampled by old: how far this update has moved the policy.
     terms = {"pg_loss": pg_loss, "clipfrac": clipped.float(), "approx_kl": kl_k3(old_logprobs, logprobs)}
@@ -73,7 +75,7 @@ def actor_loss(
     if cfg.kl_loss_coef:
         if ref_logprobs is None:
             raise ValueError("actor_loss: kl_loss_coef > 0 needs the reference log-probs")
-        kl = kl_estimator(cfg.kl_loss_estimator)(logprobs, ref_logprobs)
+        kl = kl_estimator(cfg.kl_loss_estimator, "algorithm.kl_loss_estimator")(logprobs, ref_logprobs)
         loss = loss + cfg.kl_loss_coef * kl
         terms["kl_loss"] = kl
     return _output(loss, mask, terms)

@@ -8,6 +8,8 @@ from hybridflow.config.bounds import bounded
 
 ALGORITHMS = ("ppo", "grpo")
 KL_CONTROLLERS = ("fixed", "adaptive")
+# hybridflow.algorithms.kl.KL_ESTIMATORS has exactly these keys (a test checks it; config imports nothing).
+KL_ESTIMATOR_NAMES = ("k1", "k2", "k3")
 
 
 @dataclass
@@ -16,12 +18,21 @@ class AlgorithmConfig:
     gamma: float = bounded(1.0, ge=0, le=1)
     lam: float = bounded(0.95, ge=0, le=1)
     cliprange: float = bounded(0.2, gt=0, le=1)
+    # Upper clip 1 + clip_high; None: symmetric (= cliprange). DAPO's clip-higher raises it (e.g. 0.28).
+    clip_high: float | None = bounded(None, gt=0, le=10)
+    # Dual-clip PPO (Ye et al., 2020): for negative advantages the loss is capped at -A * clip_ratio_c, so a
+    # huge ratio cannot dominate the batch; None: off. Usual value 3.0.
+    clip_ratio_c: float | None = bounded(None, gt=1)
     cliprange_value: float = bounded(0.2, gt=0)
     kl_coef: float = bounded(0.05, ge=0)
     kl_controller: str = bounded("fixed", choices=KL_CONTROLLERS)
     kl_target: float = bounded(6.0, gt=0)
     kl_horizon: int = bounded(10000, ge=1)
     kl_in_reward: bool = True  # True: KL penalty in the reward (PPO); False: KL loss term (GRPO style)
+    kl_estimator: str = bounded("k1", choices=KL_ESTIMATOR_NAMES)  # per-token KL in the reward
+    kl_loss_estimator: str = bounded("k3", choices=KL_ESTIMATOR_NAMES)  # per-token KL as a loss term
+    # GRPO: divide group-centred scores by the group's std (False: Dr. GRPO's centring only)
+    grpo_std_norm: bool = True
     entropy_coef: float = bounded(0.0, ge=0)
     whiten_advantages: bool = True
     ppo_epochs: int = bounded(1, ge=1)

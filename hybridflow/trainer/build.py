@@ -111,7 +111,8 @@ def build_run(cfg: ExperimentConfig, plan: Plan, work_dir: Path) -> BuiltRun:
         scorer=build_scorer(cfg, tokenizer, roles.get("reward"), meshes.get("reward"), device),
         kl_ctl=build_kl_controller(alg.kl_controller, alg.kl_coef, alg.kl_target, alg.kl_horizon),
         estimator=build_advantage_estimator(alg.name, gamma=alg.gamma, lam=alg.lam, whiten=alg.whiten_advantages,
-                                            group_size=cfg.rollout.n_samples_per_prompt),
+                                            group_size=cfg.rollout.n_samples_per_prompt,
+                                            scale_by_std=alg.grpo_std_norm),
         device=device,
     )
     dataset = load_prompt_dataset(cfg.data.source, cfg.data.prompt_key, seed=cfg.trainer.seed)

@@ -18,6 +18,7 @@ from hybridflow.algorithms import (
     CriticLossConfig,
     actor_loss,
     critic_loss,
+    kl_estimator,
     kl_penalized_rewards,
     last_token_scores,
     masked_mean,
@@ -142,7 +143,8 @@ class RLTrainer:
             return 0.0
         if self.cfg.algorithm.kl_in_reward:
             batch.token_rewards, kl = kl_penalized_rewards(
-                batch.scores, batch.old_logprobs, batch.ref_logprobs, mask, self.kl_ctl.value)
+                batch.scores, batch.old_logprobs, batch.ref_logprobs, mask, self.kl_ctl.value,
+                kl_estimator(self.cfg.algorithm.kl_estimator))
         else:
             batch.token_rewards = last_token_scores(batch.scores, mask)
             kl = batch.old_logprobs - batch.ref_logprobs
@@ -163,8 +165,9 @@ class RLTrainer:
 
     def _actor_loss(self, temperature: float):
         alg, actor = self.cfg.algorithm, self.roles["actor"]
-        cfg = ActorLossConfig(clip_low=alg.cliprange, entropy_coef=alg.entropy_coef,
-                              kl_loss_coef=alg.kl_coef if self._kl_loss else 0.0)
+        cfg = ActorLossConfig(clip_low=alg.cliprange, clip_high=alg.clip_high, entropy_coef=alg.entropy_coef,
+                              kl_loss_coef=alg.kl_coef if self._kl_loss else 0.0,
+                              kl_loss_estimator=alg.kl_loss_estimator, clip_ratio_c=alg.clip_ratio_c)
 
         def fn(logits, mb):
             logp, ent = actor.logprobs(logits, mb["input_ids"], temperature, with_entropy=True)

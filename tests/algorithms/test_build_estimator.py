@@ -17,3 +17,8 @@ def test_estimator_per_algorithm():
 def test_bad_choices(name, group, field):
     with pytest.raises(UserError, match=field):
         build_advantage_estimator(name, gamma=1.0, lam=1.0, whiten=True, group_size=group)
+
+
+def test_grpo_std_normalisation_can_be_switched_off():
+    grpo = build_advantage_estimator("grpo", gamma=1.0, lam=1.0, whiten=True, group_size=2, scale_by_std=False)
+    assert grpo == GroupNormalized(group_size=2, scale_by_std=False)

@@ -54,3 +54,24 @@ def test_kl_penalized_rewards_by_hand():
     # k1 per token: 0.5, -1.0, (masked); score 5 on the last valid token (index 1).
     torch.testing.assert_close(kl, torch.tensor([[0.5, -1.0, 0.0]]))
     torch.testing.assert_close(rewards, torch.tensor([[-0.05, 5.0 + 0.1, 0.0]]))
+
+
+def test_k3_is_clamped_where_the_reference_is_far_more_likely():
+    from hybridflow.algorithms.kl import K3_MAX
+
+    lp, ref = torch.tensor([-30.0, math.log(0.5)]), torch.tensor([0.0, math.log(0.25)])
+    got = kl_k3(lp, ref)
+    assert got[0].item() == K3_MAX and torch.isfinite(got).all()
+    assert got[1].item() == pytest.approx(0.5 - 1 - math.log(0.5))  # unclamped where small
+
+
+def test_config_choices_are_the_estimators():
+    from hybridflow.algorithms.kl import KL_ESTIMATORS
+    from hybridflow.config.algorithm import KL_ESTIMATOR_NAMES
+
+    assert tuple(sorted(KL_ESTIMATORS)) == KL_ESTIMATOR_NAMES
+
+
+def test_unknown_estimator_names_the_field_it_came_from():
+    with pytest.raises(UserError, match=r"^algorithm\.kl_loss_estimator: unknown 'k9'"):
+        kl_estimator("k9", "algorithm.kl_loss_estimator")

@@ -40,3 +40,23 @@ def test_on_policy_loss_is_minus_advantage():
     loss, clipped = ppo_policy_loss(lp, lp.clone(), adv, 0.2, 0.2)
     torch.testing.assert_close(loss, -adv)
     assert not clipped.any()
+
+
+@pytest.mark.parametrize(
+    ("advantage", "ratio", "expected_loss"),
+    [
+        (-1.0, 5.0, 3.0),  # A < 0, ratio 5: plain PPO pays -A * 5 = 5; the dual clip caps it at -A * c = 3
+        (-1.0, 2.0, 2.0),  # below the cap: unchanged (-A * ratio = 2)
+        (2.0, 5.0, -2.0 * 1.2),  # A > 0: the dual clip does not apply
+    ],
+)
+def test_dual_clip_caps_negative_advantage_losses(advantage, ratio, expected_loss):
+    logp, old = torch.tensor([math.log(ratio)]), torch.tensor([0.0])
+    loss, _ = ppo_policy_loss(logp, old, torch.tensor([advantage]), 0.2, 0.2, clip_ratio_c=3.0)
+    assert loss.item() == pytest.approx(expected_loss)
+
+
+def test_asymmetric_clip_uses_clip_high_above_one():
+    logp, old, adv = torch.tensor([math.log(1.5)]), torch.tensor([0.0]), torch.tensor([1.0])
+    loss, clipped = ppo_policy_loss(logp, old, adv, 0.2, 0.28)
+    assert loss.item() == pytest.approx(-1.28) and clipped.item()
