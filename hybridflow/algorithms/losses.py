@@ -24,6 +24,8 @@ class LossOutput(NamedTuple):
     loss_sum: torch.Tensor  # scalar, differentiable: sum of the per-token loss over masked-in tokens
     num_tokens: torch.Tensor  # int scalar: masked-in tokens of this micro-batch
     metrics: dict[str, torch.Tensor]  # detached token sums (divide by total num_tokens)
+    token_loss: torch.Tensor | None = None  # [B, T] per-token loss, 0 where masked out (for loss_agg)
+    mask: torch.Tensor | None = None  # [B, T]
 
 
 @dataclass(frozen=True)
@@ -45,7 +47,7 @@ class CriticLossConfig:
 
 def _output(loss: torch.Tensor, mask: torch.Tensor, terms: dict[str, torch.Tensor]) -> LossOutput:
     metrics = {name: masked_sum(term.detach().float(), mask) for name, term in terms.items()}
-    return LossOutput(masked_sum(loss, mask), mask.sum().to(torch.int), metrics)
+    return LossOutput(masked_sum(loss, mask), mask.sum().to(torch.int), metrics, loss * mask, mask)
 
 
 def actor_loss(

@@ -10,6 +10,7 @@ ALGORITHMS = ("ppo", "grpo")
 KL_CONTROLLERS = ("fixed", "adaptive")
 # hybridflow.algorithms.kl.KL_ESTIMATORS has exactly these keys (a test checks it; config imports nothing).
 KL_ESTIMATOR_NAMES = ("k1", "k2", "k3")
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 
 
 @dataclass
@@ -36,5 +37,8 @@ class AlgorithmConfig:
     entropy_coef: float = bounded(0.0, ge=0)
     whiten_advantages: bool = True
     ppo_epochs: int = bounded(1, ge=1)
+    # How token losses become the mini-batch's loss (hybridflow/algorithms/loss_agg.py); independent of the
+    # micro-batch size and DP in every mode.
+    loss_agg_mode: str = bounded("token-mean", choices=LOSS_AGG_MODES)
     # Samples (prompt x response) per optimizer step; must divide train_batch_size * n_samples_per_prompt.
     mini_batch_size: int = bounded(8, ge=1)

@@ -21,6 +21,7 @@ from hybridflow.algorithms import (
     kl_estimator,
     kl_penalized_rewards,
     last_token_scores,
+    loss_agg,
     masked_mean,
     sft_loss,
 )
@@ -29,6 +30,7 @@ from hybridflow.roles.exchange import share_from_role
 from hybridflow.roles.model_role import ModelRole, per_token_logprobs, per_token_values
 from hybridflow.trainer.batch import StepBatch
 from hybridflow.trainer.rewarding import Scorer
+from megatron_adapters.cpu_backend import compute_device
 
 
 class ParityError(RuntimeError):
@@ -159,7 +161,8 @@ class RLTrainer:
                 mine = r.local_rows(alg.mini_batch_size)  # this replica's share of the mini-batch
                 rows = slice(start + mine.start, start + mine.stop)
                 tensors = batch.tensors("response_mask", *fields, rows=rows)
-                for k, v in r.train(tensors, loss_fn).items():
+                scale = self._loss_scale(r, tensors["response_mask"])
+                for k, v in r.train(tensors, lambda out, mb, s=scale: loss_fn(out, mb, s)).items():
                     collected.setdefault(f"{role}/{k}", []).append(v)
         return {k: sum(v) / len(v) for k, v in collected.items()}
 
@@ -169,18 +172,29 @@ class RLTrainer:
                               kl_loss_coef=alg.kl_coef if self._kl_loss else 0.0,
                               kl_loss_estimator=alg.kl_loss_estimator, clip_ratio_c=alg.clip_ratio_c)
 
-        def fn(logits, mb):
+        def fn(logits, mb, scale):
             logp, ent = actor.logprobs(logits, mb["input_ids"], temperature, with_entropy=True)
             out = actor_loss(logp, mb["old_logprobs"], mb["advantages"], mb["response_mask"], cfg,
                              entropy=ent, ref_logprobs=mb.get("ref_logprobs"))
-            return _mean_loss(out)
+            return self._aggregate(out, scale)
 
         return fn
 
-    def _critic_loss(self, values, mb):
+    def _critic_loss(self, values, mb, scale):
         cfg = CriticLossConfig(cliprange_value=self.cfg.algorithm.cliprange_value)
         v = per_token_values(values, mb)
-        return _mean_loss(critic_loss(v, mb["values"], mb["returns"], mb["response_mask"], cfg))
+        return self._aggregate(critic_loss(v, mb["values"], mb["returns"], mb["response_mask"], cfg), scale)
+
+    def _loss_scale(self, role, mask: torch.Tensor) -> float:
+        """loss_agg.micro_batch_scale for this mini-batch: the count is summed over the role's DP replicas."""
+        count = loss_agg.local_count(mask, self.cfg.algorithm.loss_agg_mode).to(compute_device())
+        dist.all_reduce(count, group=role.groups.dp)
+        return loss_agg.micro_batch_scale(mask.shape[0], role.micro_batch_size, role.mesh.dp, float(count))
+
+    def _aggregate(self, out, scale: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The micro-batch loss megatron's schedule gets; metrics stay token sums plus the token count."""
+        loss = loss_agg.numerator(out.token_loss, out.mask, self.cfg.algorithm.loss_agg_mode) * scale
+        return loss, {**out.metrics, "num_tokens": out.num_tokens.float()}
 
     def warmup(self, tensors: dict[str, torch.Tensor]) -> dict[str, float]:
         """One supervised step on the actor (prompt + answer tokens, loss on the answer)."""

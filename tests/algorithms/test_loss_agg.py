@@ -1,0 +1,73 @@
+"""Loss aggregation: hand-computed numerators, and gradients that do not depend on the micro-batch size
+under megatron-core's real schedule (CPU, gloo), while the old mean of micro-batch means does."""
+
+import pytest
+import torch
+
+from hybridflow.algorithms import loss_agg
+from tests.distributed_harness import run_distributed
+from tests.megatron_adapters.tiny_hf_models import save_tiny_model, token_batch
+
+LOSS = torch.tensor([[1.0, 2.0, 3.0, 0.0], [4.0, 0.0, 0.0, 0.0]])
+MASK = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
+
+
+@pytest.mark.parametrize(("mode", "num", "count"), [
+    ("token-mean", 1 + 2 + 3 + 4, 4),  # 10 / 4 tokens
+    ("seq-mean-token-mean", 2.0 + 4.0, 2),  # (mean 2, mean 4) / 2 sequences
+    ("seq-mean-token-sum", 6.0 + 4.0, 2),  # (sum 6, sum 4) / 2 sequences
+])
+def test_numerators_and_counts_by_hand(mode, num, count):
+    assert loss_agg.numerator(LOSS, MASK, mode).item() == pytest.approx(num)
+    assert loss_agg.local_count(MASK, mode).item() == count
+
+
+def test_scale_undoes_megatrons_averaging():
+    # 8 rows at micro-batch 2 -> 4 micro-batches, 2 replicas, 40 tokens in the mini-batch
+    assert loss_agg.micro_batch_scale(8, 2, 2, 40.0) == pytest.approx(4 * 2 / 40)
+    assert loss_agg.micro_batch_scale(3, 8, 1, 0.0) == 1.0  # one micro-batch; an empty batch divides by 1
+
+
+def _grads(hf_dir: str, ids: torch.Tensor, mask: torch.Tensor, mode: str) -> dict:
+    from hybridflow.placement import RoleMesh
+    from hybridflow.roles.model_role import OptimizerSettings, build_model_role
+    from megatron_adapters.forward_backward import run_forward_backward
+    from megatron_adapters.process_groups import build_role_groups
+
+    groups = build_role_groups([0], tp=1, pp=1, dp=1)
+    out = {}
+    for micro in (1, 2, 4):
+        role = build_model_role("actor", RoleMesh("actor", (0,), 1, 1, 1), groups, hf_dir, "lm", torch.float32,
+                                micro, optimizer=OptimizerSettings(lr=1e-3), seed=1)
+        scale = loss_agg.micro_batch_scale(ids.shape[0], micro, 1, float(loss_agg.local_count(mask, mode)))
+        for name, agg in (("agg", True), ("mean_of_means", False)):
+
+            def loss_fn(logits, mb, agg=agg, role=role):
+                token_loss = -role.logprobs(logits, mb["input_ids"])
+                m = mb["mask"]  # logprobs come back [B, T], aligned with the tokens
+                if agg:
+                    return loss_agg.numerator(token_loss, m, mode) * scale, {}
+                return (token_loss * m).sum() / m.sum(), {}
+
+            role.model.train()
+            role.optimizer.zero_grad()
+            run_forward_backward([role.model], groups, role.micro_batches({"input_ids": ids, "mask": mask}),
+                                 loss_fn)
+            out[(micro, name)] = torch.cat([p.main_grad.flatten().clone() for p in role.model.parameters()])
+    return out
+
+
+@pytest.mark.parametrize("mode", loss_agg.LOSS_AGG_MODES)
+def test_gradients_do_not_depend_on_the_micro_batch_size(tmp_path, mode):
+    hf = save_tiny_model("llama", tmp_path)
+    ids = token_batch(hf.config.vocab_size, batch=4, seq=12, seed=2)
+    mask = torch.zeros(4, 12)
+    for row, length in enumerate((11, 3, 7, 1)):  # responses of very different lengths
+        mask[row, 12 - length:] = 1.0
+    (grads,) = run_distributed(_grads, world_size=1, args=(str(tmp_path), ids, mask, mode))
+    reference = grads[(4, "agg")]  # one micro-batch: numerator / count, the definition
+    assert reference.abs().max() > 0
+    for micro in (1, 2):
+        torch.testing.assert_close(grads[(micro, "agg")], reference, rtol=1e-4, atol=1e-7)
+    if mode == "token-mean":  # the old aggregation moves with the micro-batch size: this test can fail
+        assert not torch.allclose(grads[(1, "mean_of_means")], grads[(4, "mean_of_means")], rtol=1e-3)
