@@ -42,7 +42,7 @@ def _grads(hf_dir: str, ids: torch.Tensor, mask: torch.Tensor, mode: str) -> dic
         scale = loss_agg.micro_batch_scale(ids.shape[0], micro, 1, float(loss_agg.local_count(mask, mode)))
         for name, agg in (("agg", True), ("mean_of_means", False)):
 
-            def loss_fn(logits, mb, agg=agg, role=role):
+            def loss_fn(logits, mb, agg=agg, role=role, scale=scale):
                 token_loss = -role.logprobs(logits, mb["input_ids"])
                 m = mb["mask"]  # logprobs come back [B, T], aligned with the tokens
                 if agg:
