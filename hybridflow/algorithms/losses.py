@@ -1,9 +1,9 @@
-"""Actor and critic losses for one micro-batch, in the shape megatron-core's forward_step wants back.
+"""Actor and critic losses for one micro-batch: per-token losses, their masked sum, and metrics.
 
-A loss function returns `LossOutput(loss_sum, num_tokens, metrics)`, megatron's 3-tuple: the loss is a
-*sum* over masked-in tokens and megatron divides it by the token count (per micro-batch, or over the whole
-global batch with `calculate_per_token_loss=True`), so every term below is a token mean over the batch.
-Metrics are detached token sums too; `token_means` turns the sums of many micro-batches into means.
+A loss function returns `LossOutput(loss_sum, num_tokens, metrics, token_loss, mask)`: the first three are
+megatron's (loss, num_tokens, reduced) triple; the per-token loss and its mask let `loss_agg` normalise over
+the whole mini-batch (see `algorithm.loss_agg_mode`). Metrics are detached token sums; `token_means` turns
+the sums of many micro-batches into means.
 """
 
 from __future__ import annotations
