@@ -71,3 +71,53 @@ def test_gradients_do_not_depend_on_the_micro_batch_size(tmp_path, mode):
         torch.testing.assert_close(grads[(micro, "agg")], reference, rtol=1e-4, atol=1e-7)
     if mode == "token-mean":  # the old aggregation moves with the micro-batch size: this test can fail
         assert not torch.allclose(grads[(1, "mean_of_means")], grads[(4, "mean_of_means")], rtol=1e-3)
+
+
+def _dp_grads(hf_dir: str, ids: torch.Tensor, mask: torch.Tensor, mode: str) -> dict:
+    import torch.distributed as dist
+
+    from hybridflow.placement import RoleMesh
+    from hybridflow.roles.model_role import OptimizerSettings, absent_from_role, build_model_role
+    from megatron_adapters.forward_backward import run_forward_backward
+    from megatron_adapters.process_groups import build_role_groups
+
+    # the plain DDP all-reduce leaves every replica the whole reduced gradient (the distributed optimizer
+    # would reduce-scatter it into shards)
+    settings = OptimizerSettings(lr=1e-3, use_distributed_optimizer=False)
+
+    def grads(mesh, groups, micro, rows):
+        role = build_model_role("actor", mesh, groups, hf_dir, "lm", torch.float32, micro, optimizer=settings, seed=1)
+        count = loss_agg.local_count(mask[rows], mode)
+        dist.all_reduce(count, group=groups.dp)
+        scale = loss_agg.micro_batch_scale(rows.stop - rows.start, micro, mesh.dp, float(count))
+
+        def loss_fn(logits, mb):
+            return loss_agg.numerator(-role.logprobs(logits, mb["input_ids"]), mb["mask"], mode) * scale, {}
+
+        role.model.train()
+        role.optimizer.zero_grad()  # the schedule's finalize_model_grads all-reduces over DP at the end
+        run_forward_backward([role.model], groups, role.micro_batches({"input_ids": ids[rows], "mask": mask[rows]}),
+                             loss_fn)
+        return torch.cat([p.main_grad.flatten().clone() for p in role.model.parameters()])
+
+    both, alone = build_role_groups([0, 1], tp=1, pp=1, dp=2), build_role_groups([0], tp=1, pp=1, dp=1)
+    rank = dist.get_rank()
+    out = {"dp2": grads(RoleMesh("actor", (0, 1), 1, 1, 2), both, 1, slice(2 * rank, 2 * rank + 2))}
+    if alone is not None:
+        out["dp1"] = grads(RoleMesh("actor", (0,), 1, 1, 1), alone, 4, slice(0, 4))
+    else:
+        absent_from_role(True)  # megatron's optimizer build gathers over the whole world
+    return out
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])
+def test_gradients_do_not_depend_on_data_parallelism(tmp_path, mode):
+    hf = save_tiny_model("llama", tmp_path)
+    ids = token_batch(hf.config.vocab_size, batch=4, seq=12, seed=2)
+    mask = torch.zeros(4, 12)
+    for row, length in enumerate((11, 9, 2, 1)):  # the two replicas get very different token counts
+        mask[row, 12 - length:] = 1.0
+    first, second = run_distributed(_dp_grads, world_size=2, args=(str(tmp_path), ids, mask, mode))
+    assert first["dp1"].abs().max() > 0
+    torch.testing.assert_close(first["dp2"], first["dp1"], rtol=1e-4, atol=1e-7)
+    torch.testing.assert_close(second["dp2"], first["dp1"], rtol=1e-4, atol=1e-7)
