@@ -1,5 +1,6 @@
-"""Loss aggregation: hand-computed numerators, and gradients that do not depend on the micro-batch size
-under megatron-core's real schedule (CPU, gloo), while the old mean of micro-batch means does."""
+"""Loss aggregation: hand-computed numerators, and gradients that depend neither on the micro-batch size
+(where the old mean of micro-batch means does) nor on DP, under megatron-core's real schedule and DDP (CPU,
+gloo)."""
 
 import pytest
 import torch
