@@ -40,10 +40,8 @@ class RolloutRole:
             sampling = replace(self.sampling, seed=self.sampling.seed + 7919 * self.step + dp_rank)
             prompts = RolloutBatch(batch.tokens[mine].to(self.device), batch.prompt_lens[mine].to(self.device))
             out = self.engine.generate(prompts, sampling)
-            before = _free_gib()
-            self.engine.sleep()  # hand the KV cache (and, at sleep level 2, weights) back to training
-            if before is not None:
-                self.memory["rollout/sleep_freed_gib"] = _free_gib() - before
+            # hand the KV cache (and, at sleep level 2, weights) back to training
+            self._track("rollout/sleep_freed_gib", self.engine.sleep, sign=1.0)
             local = (out.tokens, out.response_mask, out.logprobs)
         shape = (total,)
         batch.tokens = share_from_role(local[0], self.mesh, rows, shape, torch.long, self.device).cpu()
@@ -55,18 +53,19 @@ class RolloutRole:
         """Reshard the actor's current weights into the engine (collective over actor and rollout ranks)."""
         src = training_shards(unwrap(actor.model)) if actor is not None else {}
         if self.engine is not None:
-            before = _free_gib()
-            self.engine.wake_up(("weights",))
-            if before is not None:
-                self.memory["rollout/wake_weights_taken_gib"] = before - _free_gib()
+            self._track("rollout/wake_weights_taken_gib", lambda: self.engine.wake_up(("weights",)))
         targets = self.engine.weight_tensors() if self.engine is not None else {}
         _, self.last_sync = self.bridge.reshard(src, targets)
         if self.engine is not None:
             self.engine.weights_written()
-            before = _free_gib()
-            self.engine.wake_up(("kv_cache",))
-            if before is not None:
-                self.memory["rollout/wake_kv_taken_gib"] = before - _free_gib()
+            self._track("rollout/wake_kv_taken_gib", lambda: self.engine.wake_up(("kv_cache",)))
+
+    def _track(self, key: str, call, sign: float = -1.0) -> None:
+        """Run `call` and record in `memory[key]` how much free device memory it gave (+) or took (-1 x)."""
+        before = _free_gib()
+        call()
+        if before is not None:
+            self.memory[key] = sign * (_free_gib() - before)
 
 
 def _free_gib() -> float | None:
