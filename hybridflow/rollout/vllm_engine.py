@@ -5,8 +5,9 @@ is in this module). Every rank of the job builds its own `LLM` with
 `distributed_executor_backend="external_launcher"`: vLLM then
 reuses the job's torch.distributed world (and switches its V1 engine core in-process) and cuts that world
 into TP groups of consecutive ranks (vllm/distributed/parallel_state.py lays ranks out as
-ExternalDP x DP x PP x PCP x TP). That equals the plan's rollout TP groups only when the rollout spans the
-whole job in rank order, which the planner checks (`check_vllm_rollout_mesh`) before anything starts. The
+ExternalDP x DP x PP x PCP x TP). Those equal the plan's rollout TP groups only when the rollout spans the
+whole job and its TP groups are those consecutive blocks, which the planner checks (`check_vllm_rollout_mesh`)
+before anything starts. The
 engine starts with random (`load_format="dummy"`) weights; the bridge's shards, already in vLLM's fused
 layout and already this rank's TP slice, are copied straight into vLLM's parameter tensors. vLLM is imported
 only when an engine is built, so this module imports without it.
