@@ -114,23 +114,3 @@ def check_colocation(cfg: ExperimentConfig, role_ranks: dict[str, tuple[int, ...
                     f"{list(role_ranks[present[0]])} but placement.colocate[{i}] declares them colocated; "
                     "give them the same GPU list"
                 )
-
-
-def vllm_tp_groups_match(rollout: RoleMesh, world_size: int) -> bool:
-    """Whether the rollout's TP groups are the consecutive rank blocks vLLM's in-process engine builds (which
-    block serves which generation DP index is ours to choose: the rollout role assigns prompts)."""
-    blocks = [tuple(range(i, i + rollout.tp)) for i in range(0, world_size, rollout.tp)]
-    return rollout.size == world_size and sorted(rollout.tp_groups()) == blocks
-
-
-def check_vllm_rollout_mesh(rollout: RoleMesh, world_size: int) -> None:
-    """vLLM's in-process engine (external_launcher) cuts the job's whole torch.distributed world into TP
-    groups of consecutive ranks: the rollout must span every rank with exactly those groups."""
-    if not vllm_tp_groups_match(rollout, world_size):
-        groups = " ".join(str(list(g)) for g in rollout.tp_groups()[:8])
-        raise UserError(
-            f"placement.resources.rollout: rollout.engine=vllm runs in-process and builds its TP groups from "
-            f"consecutive ranks of the whole job, but this plan's rollout TP groups are {groups} on "
-            f"{rollout.size} of {world_size} GPUs; colocate the rollout with an actor that spans all GPUs and "
-            "set roles.rollout.parallel.tp to the actor's tp, or set rollout.engine=megatron"
-        )

@@ -24,7 +24,9 @@ Parts and the rules used (P = parameters held by the GPU: its pipeline stage's s
   kv_cache     rollout only. vllm: gpu_memory_utilization x capacity - weights (vLLM pre-allocates it).
                megatron: what the batch needs, 2 (K,V) x L/pp x max(kv_heads/t, 1) x head_dim x dtype bytes
                per token, for (prompts x samples / DP) sequences of data.seq_length tokens.
-Not counted: CUDA context, NCCL buffers, allocator fragmentation (keep some headroom).
+Not counted: CUDA contexts (the vLLM engine process has its own), NCCL buffers, the bridge's buckets (256 MiB; a vLLM
+rank also keeps one bucket as the staging buffer it shares with its engine process), allocator
+fragmentation (keep some headroom).
 """
 
 from __future__ import annotations

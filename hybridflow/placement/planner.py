@@ -13,7 +13,6 @@ from hybridflow.placement.checks import (
     check_colocation,
     check_layout_fits_model,
     check_tp_groups_local,
-    check_vllm_rollout_mesh,
 )
 from hybridflow.placement.cluster import GPU, cluster_gpus
 from hybridflow.placement.memory import GIB, MemoryEstimate, estimate_role_memory
@@ -139,8 +138,6 @@ def build_plan(
     rank_roles = {g.rank: tuple(r for r in meshes if g.rank in meshes[r].ranks) for g in gpus}
     role_memory = _memory_by_rank(cfg, meshes, gpus)
     memory = {rank: sum(parts.values(), MemoryEstimate()) for rank, parts in role_memory.items()}
-    if cfg.rollout.engine == "vllm" and "rollout" in meshes:
-        check_vllm_rollout_mesh(meshes["rollout"], len(gpus))
     plan = Plan(
         world_size=len(gpus),
         nodes=cfg.cluster.nodes,

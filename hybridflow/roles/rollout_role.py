@@ -11,6 +11,7 @@ from hybridflow.placement import RoleMesh
 from hybridflow.roles.exchange import share_from_role
 from hybridflow.roles.model_role import ModelRole, unwrap
 from hybridflow.rollout.base import RolloutBatch, RolloutEngine, SamplingParams
+from hybridflow.rollout.engine_host import start_hosted_engine
 from hybridflow.rollout.megatron_engine import MegatronRolloutEngine
 from hybridflow.rollout.vllm_engine import VllmEngineSpec, VllmRolloutEngine
 from megatron_adapters.bridge import ReshardStats, TargetFormat, WeightBridge, training_shards
@@ -55,7 +56,8 @@ class RolloutRole:
         if self.engine is not None:
             self._track("rollout/wake_weights_taken_gib", lambda: self.engine.wake_up(("weights",)))
         targets = self.engine.weight_tensors() if self.engine is not None else {}
-        _, self.last_sync = self.bridge.reshard(src, targets)
+        on_bucket = self.engine.bucket_written if self.engine is not None else None
+        _, self.last_sync = self.bridge.reshard(src, targets, on_bucket)
         if self.engine is not None:
             self.engine.weights_written()
             self._track("rollout/wake_kv_taken_gib", lambda: self.engine.wake_up(("kv_cache",)))
@@ -80,18 +82,22 @@ def _free_gib() -> float | None:
 def build_rollout_role(
     mesh: RoleMesh, groups, reshard_plan, hf_dir: str, dtype: torch.dtype, sampling: SamplingParams,
     device: torch.device, vllm_spec: VllmEngineSpec | None = None, bucket_bytes: int = 256 << 20,
+    timeout_s: float = 1800.0,
 ) -> RolloutRole:
-    """The rollout engine on its ranks (native Megatron at the rollout's TP, or vLLM when `vllm_spec` is
-    given) and the bridge that feeds it. Collective."""
+    """The rollout engine on its ranks and the bridge that feeds it. Collective.
+
+    Native Megatron runs inside this process at the rollout's TP; vLLM (`vllm_spec`) runs in an engine
+    process per rollout rank (`engine_host`), fed bucket by bucket through a staging buffer.
+    """
     shape = model_shape(hf_dir)
+    target = TargetFormat.VLLM if vllm_spec is not None else TargetFormat.MEGATRON
+    bridge = WeightBridge(reshard_plan, shape, target, dtype=dtype, bucket_bytes=bucket_bytes, device=device,
+                          staged=vllm_spec is not None)
+    engine: RolloutEngine | None = None
     if vllm_spec is not None:
-        target = TargetFormat.VLLM
-        engine = VllmRolloutEngine.create(vllm_spec, mesh)
-    else:
-        target = TargetFormat.MEGATRON
-        engine = None
-        if groups is not None:
-            model = build_gpt(hf_dir, groups, head="lm", dtype=dtype, spec="decode").to(device)
-            engine = MegatronRolloutEngine(model, groups.tp, vocab_size=shape.vocab_size)
-    bridge = WeightBridge(reshard_plan, shape, target, dtype=dtype, bucket_bytes=bucket_bytes, device=device)
+        engine = start_hosted_engine(VllmRolloutEngine.create, (vllm_spec,), mesh, bridge.bucket_shapes(), dtype,
+                                     device, timeout_s)
+    elif groups is not None:
+        model = build_gpt(hf_dir, groups, head="lm", dtype=dtype, spec="decode").to(device)
+        engine = MegatronRolloutEngine(model, groups.tp, vocab_size=shape.vocab_size)
     return RolloutRole(mesh, engine, bridge, sampling, device)

@@ -45,7 +45,8 @@ class RolloutBatch:
 
 
 class RolloutEngine(Protocol):
-    """One engine per rollout DP group, living inside the training processes (SPMD)."""
+    """One engine per rollout rank: inside the training process (native) or in a process of its own that the
+    training rank feeds (vLLM, `hybridflow.rollout.engine_host`)."""
 
     def generate(self, batch: RolloutBatch, sampling: SamplingParams) -> RolloutBatch:
         """Fill tokens' response columns, logprobs and response_mask for this DP rank's prompts."""
@@ -53,6 +54,11 @@ class RolloutEngine(Protocol):
 
     def weight_tensors(self) -> dict[str, torch.Tensor]:
         """The engine's own weight tensors by name, in its layout: the bridge writes into them in place."""
+        ...
+
+    def bucket_written(self, index: int) -> None:
+        """The bridge finished bucket `index` of its program in `weight_tensors()` (an engine whose tensors are
+        a staging buffer moves them on now; an engine written in place has nothing to do)."""
         ...
 
     def weights_written(self) -> None:

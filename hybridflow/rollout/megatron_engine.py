@@ -100,6 +100,9 @@ class MegatronRolloutEngine:
     def weight_tensors(self) -> dict[str, torch.Tensor]:
         return {name: p.data for name, p in self.model.named_parameters()}
 
+    def bucket_written(self, index: int) -> None:
+        """The bridge writes straight into the model's parameters."""
+
     def weights_written(self) -> None:
         """Nothing is cached across `generate` calls."""
 

@@ -1,16 +1,14 @@
-"""vLLM rollout engine, co-located: one vLLM `LLM` per rollout DP group, living inside the training ranks.
+"""vLLM rollout engine: one vLLM `LLM` per rollout rank, in the engine process that rank starts.
 
 Works with vLLM 0.20 through 0.34 (`hybridflow.config.rollout.VLLM_VERSIONS`; every version-dependent call
-is in this module). Every rank of the job builds its own `LLM` with
-`distributed_executor_backend="external_launcher"`: vLLM then
-reuses the job's torch.distributed world (and switches its V1 engine core in-process) and cuts that world
-into TP groups of consecutive ranks (vllm/distributed/parallel_state.py lays ranks out as
-ExternalDP x DP x PP x PCP x TP). Those equal the plan's rollout TP groups only when the rollout spans the
-whole job and its TP groups are those consecutive blocks, which the planner checks (`check_vllm_rollout_mesh`)
-before anything starts. The
-engine starts with random (`load_format="dummy"`) weights; the bridge's shards, already in vLLM's fused
-layout and already this rank's TP slice, are copied straight into vLLM's parameter tensors. vLLM is imported
-only when an engine is built, so this module imports without it.
+is in this module). Each engine process (`hybridflow.rollout.engine_host`) builds its `LLM` with
+`distributed_executor_backend="external_launcher"`: vLLM reuses the engine processes' torch.distributed world
+(and runs its V1 engine core in-process) and cuts it into TP groups of consecutive ranks
+(vllm/distributed/parallel_state.py lays ranks out as ExternalDP x DP x PP x PCP x TP). The engine world is
+the rollout mesh in the bridge's generation order, so those groups are the plan's. The engine starts with
+random (`load_format="dummy"`) weights; the bridge's shards, already in vLLM's fused layout and already this
+rank's TP slice, are copied straight into vLLM's parameter tensors (`weight_tensors`). vLLM is imported only
+when an engine is built, so this module imports without it.
 """
 
 from __future__ import annotations
@@ -25,7 +23,6 @@ import torch
 
 from hybridflow.errors import UserError
 from hybridflow.placement import RoleMesh
-from hybridflow.placement.checks import check_vllm_rollout_mesh
 from hybridflow.rollout.base import RolloutBatch, SamplingParams
 
 # Set by this engine, never by rollout.engine_args: they define how vLLM lives inside the job.
@@ -47,10 +44,6 @@ RESERVED_ENGINE_ARGS = frozenset(
 DEFAULT_ENGINE_ARGS: dict[str, Any] = {"skip_tokenizer_init": True, "logprobs_mode": "processed_logprobs"}
 VLLM_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 SLEEP_TAGS = ("weights", "kv_cache")
-
-
-class WeightLayoutMismatch(RuntimeError):
-    """The bridge's shards do not match the parameters the vLLM engine holds (a bug, not bad input)."""
 
 
 @dataclass(frozen=True)
@@ -169,35 +162,6 @@ def outputs_to_batch(batch: RolloutBatch, outputs: Sequence[Any | None], samplin
     return RolloutBatch(tokens, batch.prompt_lens, response_mask.to(device), logprobs.to(device))
 
 
-@torch.no_grad()
-def write_shards_in_place(params: Mapping[str, torch.Tensor], shards: Iterable[tuple[str, torch.Tensor]]) -> int:
-    """Copy each (name, shard) into `params[name]` (casting dtype, moving device); return the count written.
-
-    `params` comes from `named_parameters(remove_duplicate=False)`, so a tied lm_head is reachable under both
-    names. Unknown names, wrong shapes, a name sent twice, or a parameter left unwritten all raise
-    `WeightLayoutMismatch`: a partial sync would leave the engine sampling from stale or random weights.
-    """
-    written_names: set[str] = set()
-    written_tensors: set[int] = set()
-    for name, shard in shards:
-        param = params.get(name)
-        if param is None:
-            raise WeightLayoutMismatch(f"vLLM engine has no parameter {name!r} (it holds e.g. {sorted(params)[:4]})")
-        if name in written_names:
-            raise WeightLayoutMismatch(f"{name}: sent twice in one weight sync")
-        if tuple(shard.shape) != tuple(param.shape):
-            raise WeightLayoutMismatch(
-                f"{name}: bridge shard shape {tuple(shard.shape)} != vLLM parameter {tuple(param.shape)}"
-            )
-        param.copy_(shard)
-        written_names.add(name)
-        written_tensors.add(id(param))
-    missing = sorted(n for n, p in params.items() if id(p) not in written_tensors)
-    if missing:
-        raise WeightLayoutMismatch(f"weight sync left {len(missing)} vLLM parameters unwritten, e.g. {missing[:4]}")
-    return len(written_names)
-
-
 class VllmRolloutEngine:
     """The RolloutEngine protocol on a vLLM `LLM` (built by `create`, or any object with its methods)."""
 
@@ -210,11 +174,13 @@ class VllmRolloutEngine:
 
     @classmethod
     def create(cls, spec: VllmEngineSpec, mesh: RoleMesh) -> VllmRolloutEngine:
-        """Build this rank's engine; collective over the job (every rank calls it at the same time)."""
+        """Build this rank's engine; collective over the engine world, which must be `mesh` (0..n-1, TP
+        fastest), as the engine host builds it: vLLM takes consecutive ranks of that world as TP groups."""
         import torch.distributed as dist
 
         world_size, rank = dist.get_world_size(), dist.get_rank()
-        check_vllm_rollout_mesh(mesh, world_size)  # the planner refused this already; the runtime relies on it
+        if mesh.ranks != tuple(range(world_size)) or mesh.pp != 1:
+            raise RuntimeError(f"vLLM's world must be the rollout mesh 0..{world_size - 1} (PP 1), got {mesh}")
         import vllm
 
         known = [f.name for f in dataclasses.fields(vllm.EngineArgs)]
@@ -248,17 +214,15 @@ class VllmRolloutEngine:
 
     def weight_tensors(self) -> dict[str, torch.Tensor]:
         """vLLM's parameters by name (one entry per tensor: a tied lm_head is the embedding)."""
+        if "weights" in self.asleep:
+            raise RuntimeError("vLLM weights are asleep: wake_up(('weights',)) before writing them")
         return {name: p.data for name, p in self.model().named_parameters()}
+
+    def bucket_written(self, index: int) -> None:
+        """The engine host copies each bucket into `weight_tensors()` itself."""
 
     def weights_written(self) -> None:
         """Prefix-cache blocks hold KV computed with the old weights."""
-        self.llm.reset_prefix_cache()
-
-    def load_weights(self, shards: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Write the bridge's vLLM-layout shards into the engine; then drop KV blocks of the old weights."""
-        if "weights" in self.asleep:
-            raise RuntimeError("vLLM weights are asleep: wake_up(('weights',)) before load_weights")
-        write_shards_in_place(dict(self.model().named_parameters(remove_duplicate=False)), shards)
         self.llm.reset_prefix_cache()
 
     def sleep(self) -> None:

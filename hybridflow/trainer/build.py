@@ -103,7 +103,7 @@ def build_run(cfg: ExperimentConfig, plan: Plan, work_dir: Path) -> BuiltRun:
             seed=cfg.trainer.seed, engine_args=cfg.rollout.engine_args,
         )
     rollout = build_rollout_role(meshes["rollout"], groups["rollout"], reshard_plan, hf_dir, DTYPES[rollout_dtype],
-                                 sampling, device, vllm_spec)
+                                 sampling, device, vllm_spec, timeout_s=cfg.distributed.timeout_s)
     rollout.sync(roles.get("actor"))  # the engine starts from the actor's weights, through the bridge
     alg = cfg.algorithm
     trainer = RLTrainer(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -59,6 +60,8 @@ class WeightBridge:
         device: where buffers live (default: the current CUDA device, else CPU).
         cache_views: reuse the copy views of own shards between calls while ``src``/``dst`` keep their
             storage (they hold references: call ``clear_view_cache`` before freeing either side).
+        staged: ``dst`` will be one staging buffer reused by every bucket (``bucket_shapes``, an engine in
+            its own process): destination bytes count toward ``bucket_bytes`` too.
     """
 
     def __init__(
@@ -71,6 +74,7 @@ class WeightBridge:
         make_vocab_size_divisible_by: int = 128,
         device: torch.device | None = None,
         cache_views: bool = True,
+        staged: bool = False,
     ) -> None:
         self.plan, self.shape, self.target, self.dtype = plan, shape, target, dtype
         self.device = device or compute_device()
@@ -91,7 +95,8 @@ class WeightBridge:
                 )
             self.geometry = ShardGeometry.megatron(shape, plan.gen.tp, make_vocab_size_divisible_by)
         element_size = torch.empty((), dtype=dtype).element_size()
-        self.schedule = ReshardSchedule(plan, shape, self.tensors, train, self.geometry, bucket_bytes, element_size)
+        self.schedule = ReshardSchedule(plan, shape, self.tensors, train, self.geometry, bucket_bytes, element_size,
+                                        staged)
         self.train_geometry = train
         self.rank = dist.get_rank()
         self.transport = build_transport(plan.micro_dp_groups())
@@ -111,15 +116,32 @@ class WeightBridge:
             return {}
         return {t.name(self.target): t.shard_shape(self.shape, self.geometry, slot.tp_rank) for t in self.tensors}
 
+    def bucket_shapes(self) -> list[dict[str, tuple[int, ...]]]:
+        """This rank's rollout tensors grouped by bucket, in the order ``reshard`` completes them (a bucket
+        holds whole tensors); empty on a training-only rank."""
+        shapes = self.target_shapes()
+        if not shapes:
+            return []
+        return [{self.tensors[x].name(self.target): shapes[self.tensors[x].name(self.target)] for x in step.tensors}
+                for step in self.program]
+
     def allocate_targets(self) -> dict[str, torch.Tensor]:
         """Empty destination tensors (for callers without an engine that already owns them)."""
         return {n: torch.empty(s, dtype=self.dtype, device=self.device) for n, s in self.target_shapes().items()}
 
     @torch.no_grad()
     def reshard(
-        self, src: dict[str, torch.Tensor], dst: dict[str, torch.Tensor] | None = None
+        self,
+        src: dict[str, torch.Tensor],
+        dst: dict[str, torch.Tensor] | None = None,
+        on_bucket: Callable[[int], None] | None = None,
     ) -> tuple[dict, ReshardStats]:
-        """Fill ``dst`` (rollout tensors by name; allocated if None) from ``src`` (``training_shards``)."""
+        """Fill ``dst`` (rollout tensors by name; allocated if None) from ``src`` (``training_shards``).
+
+        ``on_bucket(i)`` runs once the tensors of bucket ``i`` (``bucket_shapes()[i]``) are written (their
+        copies may still be queued on the device): a staging ``dst``, whose buckets share one buffer, moves
+        them on there before the next bucket overwrites it.
+        """
         dst = self.allocate_targets() if dst is None else dst
         aligned = {}
         for name, shape in self.target_shapes().items():
@@ -136,6 +158,8 @@ class WeightBridge:
         start, received = time.perf_counter(), self.transport.bytes_received
         for index, step in enumerate(self.program):
             self._run_step(index, step, src, aligned)
+            if on_bucket is not None and aligned:
+                on_bucket(index)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         stats = ReshardStats(time.perf_counter() - start, self.transport.bytes_received - received, len(self.program))

@@ -3,7 +3,8 @@
 Every rank computes the same global schedule from static data (layouts, model shape), so senders and
 receivers agree on every buffer offset without exchanging metadata. Tensors are grouped into buckets in
 table order; a bucket holds whole tensors and at most ``bucket_bytes`` of gather + send + receive buffer on
-any rank (a single tensor larger than that forms its own bucket).
+any rank, plus its destination tensors when they are a staging buffer (``staged``); a single tensor larger
+than that forms its own bucket.
 """
 
 from __future__ import annotations
@@ -96,12 +97,14 @@ class ReshardSchedule:
         target_geometry: ShardGeometry,
         bucket_bytes: int,
         element_size: int,
+        staged: bool = False,
     ) -> None:
         if train_geometry.tp != plan.train.tp or target_geometry.tp != plan.gen.tp:
             raise ValueError("bridge: geometries' tp must match the plan's layouts")
         self.plan, self.shape, self.tensors = plan, shape, tensors
         self.train_geometry, self.target_geometry = train_geometry, target_geometry
         self.bucket_numel = max(1, bucket_bytes // element_size)
+        self.staged = staged  # destinations are a per-bucket staging buffer: their bytes count too
         self._copies: dict[tuple[int, int, int], list[RowCopy]] = {}
         self.needs = {rank: [self._needs(slot, x) for x in range(len(tensors))] for rank, slot in plan.slots.items()}
         self.buckets = self._pack_buckets()
@@ -165,6 +168,9 @@ class ReshardSchedule:
         for rank, slot in self.plan.slots.items():
             if slot.gather_group:
                 cost[rank] = cost.get(rank, 0) + sum(self._gather_numel(slot.gather_group, x))
+            if self.staged:
+                target = self.tensors[x].shard_shape(self.shape, self.target_geometry, slot.tp_rank)
+                cost[rank] = cost.get(rank, 0) + math.prod(target)
             for need in self.needs[rank][x]:
                 if need.kind == RECV:
                     n = need.copy.length * self.row_numel(x)

@@ -17,7 +17,7 @@ def cfg8b():
     return load_experiment(
         "ppo_llama3_8b",
         [
-            "rollout=vllm",  # estimates only: the seed layout with vLLM is refused by the planner, not here
+            "rollout=vllm",
             "data.seq_length=2048",
             "roles.actor.micro_batch_size=1",
             "algorithm.mini_batch_size=64",

@@ -46,13 +46,15 @@ def test_rollout_tp_groups_are_the_bridge_generation_groups():
     assert rollout.tp_groups() == bridge.generation_tp_groups()
 
 
-@pytest.mark.parametrize("overrides", [
-    ["rollout=vllm"],  # the seed layout: rollout on GPUs 0-3 of 8
-    ["rollout=vllm", "placement=colocated"],  # all 8 GPUs, tp2 under actor tp4
+@pytest.mark.parametrize("experiment,overrides,groups", [
+    ("ppo_llama3_8b", [], [(0, 2), (1, 3)]),  # the seed layout: rollout TP2 under actor TP4 on GPUs 0-3 of 8
+    ("ppo_llama3_8b_4gpu", ["roles.rollout.parallel.tp=2"], [(0, 2), (1, 3)]),  # every GPU, strided groups
 ])
-def test_vllm_rollout_off_the_whole_job_or_strided_is_refused_at_plan_time(overrides):
-    with pytest.raises(UserError, match=r"^placement.resources.rollout: rollout.engine=vllm .*=megatron$"):
-        plan_placement(load_experiment("ppo_llama3_8b", overrides))
+def test_vllm_rollout_on_a_subset_and_below_the_actor_tp_plans(experiment, overrides, groups):
+    # vLLM runs in engine processes whose world is the rollout in generation order, so any subset and any
+    # TP_g the bridge supports can be served; the plan holds the groups the engines build.
+    plan = plan_placement(load_experiment(experiment, ["rollout=vllm", *overrides]))
+    assert plan.meshes["rollout"].tp_groups() == groups
 
 
 def test_vllm_rollout_on_every_gpu_at_the_actor_tp_plans():

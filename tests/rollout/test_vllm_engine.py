@@ -1,12 +1,13 @@
 """The vLLM rollout engine: contract tests without vLLM, checks against real vLLM where importable, GPU tests.
 
 Three tiers:
-- always: engine/sampling argument mapping, output conversion from RequestOutput-shaped objects, the in-place
-  weight writer against fake models holding vLLM's parameter names and shapes (recorded from vLLM 0.33 in
-  data/vllm_param_shapes.json by data/record_vllm_param_shapes.py), and the sleep/wake state machine;
+- always: engine/sampling argument mapping, output conversion from RequestOutput-shaped objects, the engine
+  host's layout check against fake models holding vLLM's parameter names and shapes (recorded from vLLM 0.33
+  in data/vllm_param_shapes.json by data/record_vllm_param_shapes.py), and the sleep/wake state machine;
 - vLLM importable: real SamplingParams/EngineArgs accept our arguments; vLLM's own model classes, built on
   CPU (VLLM_TARGET_DEVICE=cpu) at TP 1 and 2, load an HF checkpoint into exactly the recorded layout;
-- vLLM + CUDA (@pytest.mark.gpu): generation, log-probs against HF, sleep/wake with a weight sync between.
+- vLLM + CUDA (@pytest.mark.gpu): the engine in its own process fed by the bridge: generation, log-probs
+  against HF, sleep/wake with a weight sync between.
 """
 
 from __future__ import annotations
@@ -25,15 +26,14 @@ import torch
 from hybridflow.errors import UserError
 from hybridflow.placement import RoleMesh
 from hybridflow.rollout.base import RolloutBatch, SamplingParams
+from hybridflow.rollout.engine_host import StagingLayout, WeightLayoutMismatch, check_layout
 from hybridflow.rollout.vllm_engine import (
     VllmEngineSpec,
     VllmRolloutEngine,
-    WeightLayoutMismatch,
     engine_kwargs,
     outputs_to_batch,
     request_seed,
     sampling_kwargs,
-    write_shards_in_place,
 )
 
 DATA = Path(__file__).with_name("data")
@@ -193,7 +193,7 @@ def test_outputs_fail_loudly_on_wrong_prompt_or_length_or_missing_logprobs():
         outputs_to_batch(batch, [], sampling)
 
 
-# ---------------------------------------------------------------------------------- in-place weight writer
+# ------------------------------------------------------------------- engine layout = the bridge's layout
 
 
 def module_from_shapes(shapes: dict[str, list[int]], tied: bool) -> torch.nn.Module:
@@ -227,46 +227,22 @@ def random_shards(shapes, seed=0):
 
 
 @pytest.mark.parametrize("model_key,tp,rank", RECORDED)
-def test_writer_fills_every_vllm_parameter_with_cast(model_key, tp, rank):
+def test_engine_host_accepts_every_recorded_vllm_layout(model_key, tp, rank):
     shapes, tied = recorded(model_key, tp, rank)
-    model = module_from_shapes(shapes, tied)
-    shards = random_shards(shapes)
-    count = write_shards_in_place(dict(model.named_parameters(remove_duplicate=False)), shards.items())
-    assert count == len(shapes)
-    for name, param in model.named_parameters():
-        assert param.dtype == torch.bfloat16
-        assert torch.equal(param.detach(), shards[name].to(torch.bfloat16)), name
+    engine_tensors = {n: p.data for n, p in module_from_shapes(shapes, tied).named_parameters()}
+    check_layout(engine_tensors, StagingLayout.of([{n: tuple(s) for n, s in shapes.items()}]))
 
 
-@pytest.mark.parametrize("model_key,tp,rank", [RECORDED[0], RECORDED[-1]])
-def test_writer_fails_loudly_on_any_layout_mismatch(model_key, tp, rank):
-    shapes, tied = recorded(model_key, tp, rank)
-    params = dict(module_from_shapes(shapes, tied).named_parameters(remove_duplicate=False))
-    shards = random_shards(shapes)
-    qkv = "model.layers.0.self_attn.qkv_proj.weight"
-
-    missing = {n: t for n, t in shards.items() if n != qkv}
-    with pytest.raises(WeightLayoutMismatch, match=r"1 vLLM parameters unwritten.*qkv_proj"):
-        write_shards_in_place(params, missing.items())
-    wrong_shape = dict(shards, **{qkv: torch.zeros(shards[qkv].shape[0] + 1, shards[qkv].shape[1])})
-    with pytest.raises(WeightLayoutMismatch, match=r"qkv_proj.weight: bridge shard shape .* != vLLM parameter \("):
-        write_shards_in_place(params, wrong_shape.items())
-    unknown = [*shards.items(), ("model.layers.0.self_attn.q_proj.weight", shards[qkv])]
-    with pytest.raises(WeightLayoutMismatch, match="no parameter 'model.layers.0.self_attn.q_proj.weight'"):
-        write_shards_in_place(params, unknown)
-    with pytest.raises(WeightLayoutMismatch, match="sent twice"):
-        write_shards_in_place(params, [*shards.items(), (qkv, shards[qkv])])
-
-
-def test_writer_accepts_a_tied_lm_head_under_either_name():
-    shapes, tied = recorded("qwen2_tied_kv1", "2", "1")
-    assert tied and "lm_head.weight" not in shapes
-    model = module_from_shapes(shapes, tied)
-    params = dict(model.named_parameters(remove_duplicate=False))
-    shards = random_shards(shapes)
-    embed = shards.pop("model.embed_tokens.weight")
-    write_shards_in_place(params, [*shards.items(), ("lm_head.weight", embed)])
-    assert torch.equal(model.model.embed_tokens.weight.float(), embed.bfloat16().float())
+def test_engine_host_refuses_any_layout_mismatch_at_start():
+    shapes, tied = recorded("llama_gqa", "2", "1")
+    held = {n: p.data for n, p in module_from_shapes(shapes, tied).named_parameters()}
+    qkv, gate = "model.layers.0.self_attn.qkv_proj.weight", "model.layers.0.mlp.gate_up_proj.weight"
+    sent = {n: tuple(s) for n, s in shapes.items() if n != gate}
+    sent[qkv] = (sent[qkv][0] + 1, sent[qkv][1])
+    sent["model.layers.0.self_attn.q_proj.weight"] = (4, 4)
+    with pytest.raises(WeightLayoutMismatch, match=r"missing in the engine \['model.layers.0.self_attn.q_proj.weight'\]"
+                       r", never written \['model.layers.0.mlp.gate_up_proj.weight'\], shape differs .*qkv_proj"):
+        check_layout(held, StagingLayout.of([sent]))
 
 
 # ------------------------------------------------------------------------- recorded layout follows the rules
@@ -364,10 +340,13 @@ def test_sleep_sync_wake_cycle(level):
     with pytest.raises(RuntimeError, match="asleep"):
         engine.generate(batch, sampling)
     with pytest.raises(RuntimeError, match="weights are asleep"):
-        engine.load_weights(random_shards(shapes).items())
+        engine.weight_tensors()
     engine.wake_up(("weights",))
     shards = random_shards(shapes, seed=1)
-    engine.load_weights(shards.items())
+    with torch.no_grad():
+        for name, tensor in engine.weight_tensors().items():  # what the engine host does per bucket
+            tensor.copy_(shards[name])
+    engine.weights_written()
     with pytest.raises(RuntimeError, match="kv_cache"):
         engine.generate(batch, sampling)
     engine.wake_up(("kv_cache",))
@@ -441,27 +420,35 @@ def single_rank_world(monkeypatch):
 @needs_vllm
 @pytest.mark.gpu
 def test_gpu_generation_logprobs_and_sleep_wake(tmp_path, single_rank_world):
-    """Greedy tokens equal HF's; sampled-token log-probs match HF; a sleep/sync/wake cycle keeps them."""
+    """vLLM in its engine process, fed by the bridge through the staging buffer (several buckets): greedy
+    tokens equal HF's; sampled-token log-probs match HF; a sleep/sync/wake cycle keeps them."""
     import transformers
 
+    from hybridflow.placement.reshard_plan import GenerationLayout, TrainingLayout, build_reshard_plan
+    from hybridflow.rollout.engine_host import start_hosted_engine
+    from megatron_adapters.bridge import TargetFormat, WeightBridge
+    from megatron_adapters.hf_weights import ShardSpec, hf_to_mcore_shard
+    from megatron_adapters.model import model_shape, padded_vocab_size
+    from tests.megatron_adapters.bridge.bridge_fixtures import hf_reader
+
     recorder = load_recorder()
-    spec = recorder.TINY_MODELS["llama_gqa"]
-    hf_state = recorder.write_hf_checkpoint(spec, tmp_path)
-    engine = VllmRolloutEngine.create(
-        VllmEngineSpec(
-            str(tmp_path),
-            tp=1,
-            dtype="fp32",
-            gpu_memory_utilization=0.2,
-            sleep_level=2,
-            engine_args={"max_model_len": 64, "max_num_seqs": 8, "enforce_eager": True},
-        ),
-        RoleMesh("rollout", (0,), tp=1, pp=1, dp=1),
-    )
+    hf_state = recorder.write_hf_checkpoint(recorder.TINY_MODELS["llama_gqa"], tmp_path)
+    shape, cuda = model_shape(str(tmp_path)), torch.device("cuda", 0)
+    plan = build_reshard_plan(TrainingLayout((0,), 1, 1, 1), GenerationLayout((0,), 1))
+    bridge = WeightBridge(plan, shape, TargetFormat.VLLM, dtype=torch.float32, bucket_bytes=64 << 10, device=cuda,
+                          staged=True)
+    spec = ShardSpec(1, 0, padded_vocab_size(shape.vocab_size, 1))
+    src = {t.entry.mcore: hf_to_mcore_shard(t.entry, hf_reader(hf_state), shape, spec).float().cuda()
+           for t in bridge.tensors}
+    engine_spec = VllmEngineSpec(str(tmp_path), tp=1, dtype="fp32", gpu_memory_utilization=0.2, sleep_level=2,
+                                 engine_args={"max_model_len": 64, "max_num_seqs": 8, "enforce_eager": True})
+    engine = start_hosted_engine(VllmRolloutEngine.create, (engine_spec,), RoleMesh("rollout", (0,), 1, 1, 1),
+                                 bridge.bucket_shapes(), torch.float32, cuda, 300)
+    assert len(bridge.bucket_shapes()) > 1
 
     def sync():
-        names = [n for n, _ in engine.model().named_parameters()]
-        engine.load_weights((n, recorder.expected_shard(n, hf_state, spec, 1, 0).cuda()) for n in names)
+        bridge.reshard(src, engine.weight_tensors(), engine.bucket_written)
+        engine.weights_written()
 
     sync()
     batch = prompt_batch([[1, 5, 9, 13], [2, 4]], width=12)
@@ -492,3 +479,4 @@ def test_gpu_generation_logprobs_and_sleep_wake(tmp_path, single_rank_world):
     assert torch.equal(again.tokens, first.tokens)
     sampled = engine.generate(batch, SamplingParams(max_new_tokens=8, temperature=1.0, seed=3))
     assert torch.equal(sampled.tokens, engine.generate(batch, SamplingParams(max_new_tokens=8, seed=3)).tokens)
+    engine.close()

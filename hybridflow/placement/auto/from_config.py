@@ -54,7 +54,7 @@ def workload_from_config(cfg: ExperimentConfig) -> Workload:
                     response_length=cfg.data.seq_length - cfg.data.max_prompt_length,
                     mini_batch_size=cfg.algorithm.mini_batch_size, ppo_epochs=cfg.algorithm.ppo_epochs,
                     rollout_offloads_weights=cfg.rollout.engine == "vllm" and cfg.rollout.sleep_level == 1,
-                    rollout_engine=cfg.rollout.engine, rollout_spans_world=cfg.rollout.engine == "vllm")
+                    rollout_engine=cfg.rollout.engine)
 
 
 def rollout_dims(s: Strategy) -> Dims:

@@ -89,10 +89,6 @@ def _search_partition(partition, solver: SetSolver, device: DeviceSpec) -> Parti
         return result
 
     def allowed(i: int, size: int) -> bool:
-        # in-process vLLM takes the whole job's ranks as its world: the generating set must be all of them
-        if solver.workload.rollout_spans_world and size != world and any(
-                solver.workload.role(r).generates for r in partition[i]):
-            return False
         return solver.solve(partition[i], size).feasible
 
     for alloc in allocations(world, gpn, minimum, allowed):

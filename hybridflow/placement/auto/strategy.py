@@ -6,9 +6,6 @@ from dataclasses import dataclass
 
 from hybridflow.placement.auto.device import DeviceSpec
 from hybridflow.placement.auto.workload import RoleWork, Workload
-from hybridflow.placement.checks import vllm_tp_groups_match
-from hybridflow.placement.mesh import RoleMesh
-from hybridflow.placement.reshard_plan import generation_mesh
 
 # Deeper pipelines than this do not win at RLHF batch sizes (the bubble grows with pp); they only slow the
 # search.
@@ -79,16 +76,6 @@ def strategies_for(role: RoleWork, gpus: int, device: DeviceSpec, workload: Work
             for gen_tp in _powers_of_two_upto(tp):
                 if workload.prompts % (gpus // gen_tp):  # the rollout splits prompts over its DP
                     continue
-                if workload.rollout_spans_world and not vllm_groups_consecutive(tp, pp, dp, gen_tp):
-                    continue  # the planner's check_vllm_rollout_mesh would refuse it
                 out.append(Strategy(tp, pp, dp, gen_tp))
     return out
 
-
-def vllm_groups_consecutive(tp: int, pp: int, dp: int, gen_tp: int) -> bool:
-    """Whether the bridge's generation TP groups over these GPUs are the consecutive blocks the in-process
-    vLLM engine builds (the search also gives a vLLM-generating set the whole cluster: `search.py`)."""
-    gpus = tp * pp * dp
-    actor = RoleMesh("actor", tuple(range(gpus)), tp, pp, dp)
-    _, rollout = generation_mesh(actor, RoleMesh("rollout", actor.ranks, gen_tp, 1, gpus // gen_tp))
-    return vllm_tp_groups_match(rollout, gpus)

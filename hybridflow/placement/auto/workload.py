@@ -107,10 +107,6 @@ class Workload:
     # "vllm" (HybridFlow's setting) or "megatron" (the native engine, which streams at its own measured rate,
     # `Efficiency.native_decode_hbm_efficiency`).
     rollout_engine: str = "vllm"
-    # hybridflow's vLLM engine runs in-process over the whole job (check_vllm_rollout_mesh): the generating set
-    # takes every GPU and its generation TP groups must be consecutive ranks. HybridFlow's own system has no
-    # such limit, so the paper's workloads leave it off.
-    rollout_spans_world: bool = False
 
     @property
     def samples(self) -> int:

@@ -46,17 +46,6 @@ def paper_config(size: str, gpus: int, engine: str = "vllm") -> ExperimentConfig
 
 
 @pytest.fixture
-def paper(monkeypatch):
-    """`paper(size, gpus)` -> the paper's setup as a finalized ExperimentConfig.
-
-    The search models the paper's system, whose vLLM runs on any subset of the GPUs; hybridflow's in-process
-    vLLM engine needs the whole job (`Workload.rollout_spans_world`, enforced by the planner for real runs).
-    """
-    import dataclasses
-
-    from hybridflow.placement.auto import from_config
-
-    original = from_config.workload_from_config
-    monkeypatch.setattr(from_config, "workload_from_config",
-                        lambda cfg: dataclasses.replace(original(cfg), rollout_spans_world=False))
+def paper():
+    """`paper(size, gpus)` -> the paper's setup as a finalized ExperimentConfig."""
     return paper_config

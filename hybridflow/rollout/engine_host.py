@@ -1,0 +1,256 @@
+"""A rollout engine in a process of its own, one per rollout rank, started and fed by that training rank.
+
+Why a process: vLLM's in-process engine (`external_launcher`) takes the torch.distributed world of the
+process it lives in and cuts it into TP groups of consecutive ranks. In the training job that world is every
+rank, so vLLM could only serve a rollout that spans the whole job with exactly those groups. Here each
+rollout rank starts one engine process; the engine processes form a world of their own, numbered in the
+bridge's generation order (`RoleMesh.ranks` of the rollout), so consecutive engine ranks are the plan's TP
+groups, on any subset of the GPUs and at any TP the planner accepts.
+
+- World: engine rank = position of the parent's rank in the rollout mesh; the master is position 0's host
+  (127.0.0.1 for parents on that host) at a port free there; LOCAL_RANK = the parent's device.
+- Weights: the parent allocates one staging buffer (the largest bucket of the bridge's program on this rank)
+  and shares it once (CUDA IPC on GPUs, shared memory on CPU). The bridge writes a bucket into it; the engine
+  process copies the bucket into its own weights and answers before the next one overwrites it. The other
+  direction is not possible: vLLM's sleep-mode allocator holds weights in cuMem allocations, which torch
+  cannot export.
+- Calls (generate, sleep, wake_up, ...) go over a pipe with CPU tensors; an error in the engine process
+  comes back as its traceback in a RuntimeError.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import socket
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from hybridflow.launch.ports import free_port
+from hybridflow.placement import RoleMesh
+from hybridflow.rollout.base import RolloutBatch, RolloutEngine, SamplingParams
+
+ALIGN = 64  # staging offsets in elements: keeps every view aligned for vectorised copies
+# The parent's job variables the engine world must not inherit (torch and vLLM read some of them).
+JOB_VARIABLES = ("GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE", "GROUP_WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                 "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS")
+
+
+class EngineProcessError(RuntimeError):
+    """The engine process failed (its traceback is the message) or went away."""
+
+
+class WeightLayoutMismatch(RuntimeError):
+    """The bridge's tensors are not the ones the engine holds (a bug, not bad input)."""
+
+
+@dataclass(frozen=True)
+class StagingLayout:
+    """Where each bucket's tensors sit in the staging buffer: buckets reuse the same elements."""
+
+    buckets: tuple[tuple[tuple[str, int, tuple[int, ...]], ...], ...]  # (name, element offset, shape)
+    numel: int
+
+    @classmethod
+    def of(cls, bucket_shapes: Sequence[Mapping[str, tuple[int, ...]]]) -> StagingLayout:
+        buckets, numel = [], 0
+        for shapes in bucket_shapes:
+            offset, items = 0, []
+            for name, shape in shapes.items():
+                items.append((name, offset, tuple(shape)))
+                offset += -(-_numel(shape) // ALIGN) * ALIGN
+            buckets.append(tuple(items))
+            numel = max(numel, offset)
+        return cls(tuple(buckets), numel)
+
+    def bucket(self, buffer: torch.Tensor, index: int) -> list[tuple[str, torch.Tensor]]:
+        return [(name, buffer[o : o + _numel(s)].view(s)) for name, o, s in self.buckets[index]]
+
+    def views(self, buffer: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Every tensor's view (views of different buckets overlap: write one bucket at a time)."""
+        return {name: view for i in range(len(self.buckets)) for name, view in self.bucket(buffer, i)}
+
+
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+# An engine builder runs in the engine process: (its args..., the rollout mesh over engine ranks) -> engine.
+EngineBuilder = Callable[..., RolloutEngine]
+
+
+class HostedEngine:
+    """The RolloutEngine protocol, answered by the engine process this rank started."""
+
+    def __init__(self, process: Any, conn: Any, staging: torch.Tensor, layout: StagingLayout,
+                 device: torch.device, timeout_s: float):
+        self.process, self.conn, self.staging, self.layout = process, conn, staging, layout
+        self.device, self.timeout_s = device, timeout_s
+
+    def generate(self, batch: RolloutBatch, sampling: SamplingParams) -> RolloutBatch:
+        out = self._call("generate", _to(batch, torch.device("cpu")), sampling)
+        return _to(out, batch.tokens.device)
+
+    def weight_tensors(self) -> dict[str, torch.Tensor]:
+        return self.layout.views(self.staging)
+
+    def bucket_written(self, index: int) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # the engine process reads the buffer on its own stream
+        self._call("load_bucket", index)
+
+    def weights_written(self) -> None:
+        self._call("weights_written")
+
+    def sleep(self) -> None:
+        self._call("sleep")
+
+    def wake_up(self, tags: tuple[str, ...] = ("weights", "kv_cache")) -> None:
+        self._call("wake_up", tuple(tags))
+
+    def close(self) -> None:
+        """Stop the engine process (also when it hangs)."""
+        if self.process.is_alive():
+            try:
+                self.conn.send(("close", ()))
+            except (BrokenPipeError, OSError):
+                pass
+            self.process.join(timeout=30)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+
+    def _call(self, method: str, *args: Any) -> Any:
+        try:
+            self.conn.send((method, args))
+        except (BrokenPipeError, OSError) as e:
+            raise EngineProcessError(f"rollout engine process is gone (exit code {self.process.exitcode})") from e
+        return _answer(self.conn, self.process, self.timeout_s, method)
+
+
+def _answer(conn: Any, process: Any, timeout_s: float, what: str) -> Any:
+    if not conn.poll(timeout_s):
+        raise EngineProcessError(f"rollout engine process: no answer to {what} within {timeout_s:g} s "
+                                 "(distributed.timeout_s)")
+    try:
+        kind, value = conn.recv()
+    except EOFError as e:
+        raise EngineProcessError(f"rollout engine process died during {what} (exit code "
+                                 f"{process.exitcode}); its log is in this rank's output") from e
+    if kind == "error":
+        raise EngineProcessError(f"rollout engine process failed in {what}:\n{value}")
+    return value
+
+
+def start_hosted_engine(build: EngineBuilder, args: tuple, mesh: RoleMesh, bucket_shapes, dtype: torch.dtype,
+                        device: torch.device, timeout_s: float = 1800.0) -> HostedEngine | None:
+    """Start this rank's engine process (None off the rollout). Collective over the job: every rank calls it.
+
+    `build(*args, engine_mesh)` runs in the engine process after its world is up; `engine_mesh` is the
+    rollout mesh renumbered 0..n-1 in generation order. `bucket_shapes` is the bridge's `bucket_shapes()`.
+    """
+    rank = dist.get_rank()
+    address: list[Any] = [None]
+    if rank == mesh.ranks[0]:
+        address = [(socket.gethostname(), socket.getfqdn(), free_port())]
+    dist.broadcast_object_list(address, src=mesh.ranks[0])
+    if rank not in mesh.ranks:
+        return None
+    host, fqdn, port = address[0]
+    env = {k: v for k, v in os.environ.items() if k not in JOB_VARIABLES}
+    env.update(RANK=str(mesh.ranks.index(rank)), WORLD_SIZE=str(mesh.size), MASTER_PORT=str(port),
+               LOCAL_RANK=str(device.index or 0) if device.type == "cuda" else "0",
+               MASTER_ADDR="127.0.0.1" if host == socket.gethostname() else fqdn)
+    engine_mesh = RoleMesh("rollout", tuple(range(mesh.size)), tp=mesh.tp, pp=mesh.pp, dp=mesh.dp)
+    layout = StagingLayout.of(bucket_shapes)
+    ctx = mp.get_context("spawn")
+    conn, child_conn = ctx.Pipe()
+    process = ctx.Process(target=serve, args=(child_conn, env, device.type, build, args, engine_mesh, layout,
+                                              timeout_s),
+                          name=f"rollout-engine-{env['RANK']}")
+    process.start()
+    child_conn.close()
+    staging = torch.empty(max(layout.numel, 1), dtype=dtype, device=device)
+    conn.send(staging)  # shared once: CUDA IPC handle / shared-memory file
+    engine = HostedEngine(process, conn, staging, layout, device, timeout_s)
+    atexit.register(engine.close)  # before multiprocessing's own exit hook joins the (waiting) process
+    _answer(conn, process, timeout_s, "engine start")
+    return engine
+
+
+# ---- the engine process ----------------------------------------------------------------------------
+def serve(conn: Any, env: dict[str, str], device_type: str, build: EngineBuilder, args: tuple, mesh: RoleMesh,
+          layout: StagingLayout, timeout_s: float) -> None:
+    """The engine process: join the engine world, build the engine, answer calls until `close` or EOF."""
+    from datetime import timedelta
+
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        cuda = device_type == "cuda"
+        if cuda:
+            torch.cuda.set_device(int(env["LOCAL_RANK"]))
+        dist.init_process_group("nccl" if cuda else "gloo", init_method="env://", rank=int(env["RANK"]),
+                                world_size=int(env["WORLD_SIZE"]), timeout=timedelta(seconds=timeout_s))
+        staging = conn.recv()
+        engine = build(*args, mesh)
+        check_layout(engine.weight_tensors(), layout)
+        conn.send(("ok", None))
+    except Exception:
+        conn.send(("error", traceback.format_exc()))
+        return
+    targets: dict[str, torch.Tensor] = {}
+    while True:
+        try:
+            method, call_args = conn.recv()
+        except EOFError:  # the training rank is gone
+            break
+        if method == "close":
+            break
+        try:
+            if method == "load_bucket":
+                (index,) = call_args
+                if index == 0:
+                    targets = engine.weight_tensors()  # after wake_up: the tensors may be new
+                with torch.no_grad():
+                    for name, view in layout.bucket(staging, index):
+                        targets[name].copy_(view)
+                if staging.is_cuda:
+                    torch.cuda.synchronize()  # before the parent overwrites the buffer
+                result = None
+            else:
+                result = getattr(engine, method)(*call_args)
+            if isinstance(result, RolloutBatch):
+                result = _to(result, torch.device("cpu"))
+            conn.send(("ok", result))
+        except Exception:
+            conn.send(("error", traceback.format_exc()))
+    dist.destroy_process_group()
+
+
+def check_layout(targets: Mapping[str, torch.Tensor], layout: StagingLayout) -> None:
+    """Fail at start, not at the first sync, when the bridge's tensors are not the engine's."""
+    sent = {name: shape for bucket in layout.buckets for name, _, shape in bucket}
+    held = {name: tuple(t.shape) for name, t in targets.items()}
+    if sent != held:
+        wrong = sorted(n for n in sent.keys() & held.keys() if sent[n] != held[n])[:4]
+        raise WeightLayoutMismatch(
+            f"the bridge writes tensors the engine does not hold: missing in the engine "
+            f"{sorted(sent.keys() - held.keys())[:4]}, never written {sorted(held.keys() - sent.keys())[:4]}, "
+            f"shape differs {[(n, sent[n], held[n]) for n in wrong]}")
+
+
+def _to(batch: RolloutBatch, device: torch.device) -> RolloutBatch:
+    def move(t):
+        return None if t is None else t.to(device)
+
+    return RolloutBatch(move(batch.tokens), move(batch.prompt_lens), move(batch.response_mask), move(batch.logprobs))

@@ -1,0 +1,186 @@
+"""Rollout engines in processes of their own (hybridflow/rollout/engine_host.py), on CPU with gloo.
+
+- The staging layout: one buffer, buckets reuse it, every view aligned.
+- The transport alone, one rank: a dict-of-tensors engine receives every bucket exactly; errors in the
+  engine process come back with its traceback, and a layout mismatch fails at start.
+- The real use: a native Megatron engine at TP2 hosted on ranks [1, 2] of a 3-rank job (the rollout is a
+  subset that does not hold rank 0), fed by the bridge through the staging buffer in several buckets, samples
+  exactly what the same engine samples inside the training processes.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from hybridflow.rollout.base import RolloutBatch, SamplingParams
+from hybridflow.rollout.engine_host import ALIGN, StagingLayout
+from tests.distributed_harness import run_distributed
+from tests.megatron_adapters.tiny_hf_models import save_tiny_model
+
+SHAPES = [{"a": (3, 5), "b": (7,)}, {"c": (2, 2, 2)}, {"d": (100,), "e": (1,)}]
+
+
+def test_staging_layout_reuses_one_buffer_per_bucket():
+    layout = StagingLayout.of(SHAPES)
+    assert layout.numel == 2 * ALIGN + ALIGN  # bucket 0 and bucket 2 each need two aligned slots; 128 > 100
+    buffer = torch.arange(layout.numel, dtype=torch.float32)
+    views = layout.views(buffer)
+    assert {n: tuple(v.shape) for n, v in views.items()} == {n: s for b in SHAPES for n, s in b.items()}
+    assert all(v.data_ptr() % (ALIGN * 4) == buffer.data_ptr() % (ALIGN * 4) for v in views.values())
+    assert views["a"].data_ptr() == views["c"].data_ptr() == views["d"].data_ptr()  # buckets share the buffer
+    assert views["b"].data_ptr() - views["a"].data_ptr() == ALIGN * 4  # 15 elements round up to one slot
+
+
+class DictEngine:
+    """The smallest RolloutEngine: zero tensors of the given shapes; `generate` reports what it holds."""
+
+    def __init__(self, shapes: dict, mesh):
+        self.tensors = {n: torch.zeros(s) for n, s in shapes.items()}
+        self.mesh = mesh
+        self.written = 0
+
+    def generate(self, batch: RolloutBatch, sampling: SamplingParams) -> RolloutBatch:
+        if sampling.seed < 0:
+            raise ValueError("negative seed reached the engine")
+        sums = torch.tensor([float(t.sum()) for t in self.tensors.values()])
+        world = torch.distributed.get_world_size()
+        return RolloutBatch(batch.tokens + 1, batch.prompt_lens, logprobs=torch.cat([sums, torch.tensor([world])]))
+
+    def weight_tensors(self):
+        return self.tensors
+
+    def bucket_written(self, index):
+        pass
+
+    def weights_written(self):
+        self.written += 1
+
+    def sleep(self):
+        pass
+
+    def wake_up(self, tags=("weights", "kv_cache")):
+        pass
+
+
+def _dict_engine(shapes, mesh):
+    return DictEngine(shapes, mesh)
+
+
+def _transport_one_rank():
+    import torch.distributed as dist
+
+    from hybridflow.placement import RoleMesh
+    from hybridflow.rollout.engine_host import EngineProcessError, start_hosted_engine
+
+    mesh = RoleMesh("rollout", (0,), tp=1, pp=1, dp=1)
+    every = {n: s for b in SHAPES for n, s in b.items()}
+    engine = start_hosted_engine(_dict_engine, (every,), mesh, SHAPES, torch.float32, torch.device("cpu"), 60)
+    expected = {}
+    views = engine.weight_tensors()
+    for i, bucket in enumerate(SHAPES):
+        for name in bucket:  # the bridge's part: write the bucket into the staging views
+            expected[name] = torch.randn(bucket[name])
+            views[name].copy_(expected[name])
+        engine.bucket_written(i)
+    engine.weights_written()
+    batch = RolloutBatch(torch.tensor([[4, 5]]), torch.tensor([2]))
+    out = engine.generate(batch, SamplingParams(max_new_tokens=1))
+    with pytest.raises(EngineProcessError, match=r"(?s)in generate.*ValueError: negative seed"):
+        engine.generate(batch, SamplingParams(max_new_tokens=1, seed=-1))
+    again = engine.generate(batch, SamplingParams(max_new_tokens=1))  # the engine process survives an error
+    try:
+        start_hosted_engine(_dict_engine, ({"a": (3, 4)},), mesh, SHAPES, torch.float32, torch.device("cpu"), 60)
+    except EngineProcessError as e:
+        mismatch = str(e)
+    engine.close()
+    assert dist.get_world_size() == 1
+    return out, again, expected, mismatch
+
+
+def test_engine_process_gets_every_bucket_and_reports_errors():
+    out, again, expected, mismatch = run_distributed(_transport_one_rank, world_size=1, timeout_s=240)[0]
+    assert out.tokens.tolist() == [[5, 6]] and torch.equal(again.tokens, out.tokens)
+    sums = torch.tensor([float(t.sum()) for t in expected.values()])
+    torch.testing.assert_close(out.logprobs[:-1], sums)  # every bucket arrived whole, none overwrote another
+    assert out.logprobs[-1] == 1  # the engine's own world
+    assert "WeightLayoutMismatch" in mismatch and "missing in the engine ['b', 'c', 'd', 'e']" in mismatch
+
+
+# ---- a native engine hosted on a subset of the ranks ---------------------------------------------------
+def _native_engine(hf_dir: str, mesh):
+    """Runs in the engine process: the native engine at the mesh's TP, random weights until the bridge writes."""
+    from hybridflow.rollout.megatron_engine import MegatronRolloutEngine
+    from megatron_adapters.cpu_backend import enable_cpu_backend
+    from megatron_adapters.model import build_gpt, model_shape
+    from megatron_adapters.process_groups import build_role_groups
+
+    torch.set_num_threads(1)
+    enable_cpu_backend()
+    torch.manual_seed(123)
+    groups = build_role_groups(mesh.ranks, tp=mesh.tp, pp=1, dp=mesh.dp)
+    model = build_gpt(hf_dir, groups, head="lm", dtype=torch.float32, spec="decode")
+    return MegatronRolloutEngine(model, groups.tp, vocab_size=model_shape(hf_dir).vocab_size)
+
+
+def _hosted_vs_in_process(hf_dir: str):
+    import torch.distributed as dist
+
+    from hybridflow.placement import RoleMesh
+    from hybridflow.placement.reshard_plan import GenerationLayout, TrainingLayout, build_reshard_plan
+    from hybridflow.roles.rollout_role import RolloutRole, build_rollout_role
+    from hybridflow.rollout.engine_host import start_hosted_engine
+    from hybridflow.trainer.batch import StepBatch
+    from megatron_adapters.bridge import TargetFormat, WeightBridge
+    from megatron_adapters.hf_safetensors import load_hf_weights
+    from megatron_adapters.model import build_gpt, model_shape
+    from megatron_adapters.process_groups import build_role_groups
+
+    cpu, fp32 = torch.device("cpu"), torch.float32
+    mesh = RoleMesh("rollout", (1, 2), tp=2, pp=1, dp=1)
+    plan = build_reshard_plan(TrainingLayout((1, 2), 2, 1, 1), GenerationLayout((1, 2), 2))
+    actor_groups = build_role_groups([1, 2], tp=2, pp=1, dp=1)
+    rollout_groups = build_role_groups([1, 2], tp=2, pp=1, dp=1)
+    actor = None
+    if actor_groups is not None:
+        model = build_gpt(hf_dir, actor_groups, head="lm", dtype=fp32)
+        load_hf_weights(model, hf_dir)
+        actor = SimpleNamespace(model=model)
+    sampling = SamplingParams(max_new_tokens=5, temperature=1.0, seed=11)
+    here = build_rollout_role(mesh, rollout_groups, plan, hf_dir, fp32, sampling, cpu, bucket_bytes=32 << 10)
+    bridge = WeightBridge(plan, model_shape(hf_dir), TargetFormat.MEGATRON, dtype=fp32, bucket_bytes=32 << 10,
+                          device=cpu, staged=True)
+    hosted = RolloutRole(mesh, start_hosted_engine(_native_engine, (hf_dir,), mesh, bridge.bucket_shapes(), fp32,
+                                                   cpu, 120), bridge, sampling, cpu)
+    buckets = len(bridge.bucket_shapes())
+    prompts = torch.zeros(3, 12, dtype=torch.long)
+    for row, p in enumerate(([5, 9, 13], [3, 4, 8, 1], [11])):
+        prompts[row, : len(p)] = torch.tensor(p)
+    results = []
+    for role in (here, hosted):
+        role.sync(actor)
+        batch = StepBatch(rows=[{}] * 3, tokens=prompts.clone(), prompt_lens=torch.tensor([3, 4, 1]))
+        role.generate(batch)
+        results.append((batch.tokens, batch.rollout_logprobs))
+    if hosted.engine is not None:
+        hosted.engine.close()
+    return dist.get_rank(), buckets, results, hosted.engine is None
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny_llama_host")
+    save_tiny_model("llama", path, seed=5)
+    return str(path)
+
+
+def test_native_engine_hosted_on_a_subset_samples_what_it_samples_in_process(hf_dir):
+    ranks = run_distributed(_hosted_vs_in_process, world_size=3, args=(hf_dir,), timeout_s=400)
+    assert [r[3] for r in ranks] == [True, False, False]  # rank 0 holds no engine process
+    assert ranks[0][1] == 0 and ranks[1][1] == ranks[2][1] > 1  # several buckets through one staging buffer
+    _, _, ((tokens, logps), (hosted_tokens, hosted_logps)), _ = ranks[0]  # shared with every rank
+    assert torch.equal(hosted_tokens, tokens)
+    torch.testing.assert_close(hosted_logps, logps, atol=1e-5, rtol=0)
+    assert (logps != 0).any()
