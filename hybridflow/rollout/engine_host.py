@@ -20,12 +20,14 @@ groups, on any subset of the GPUs and at any TP the planner accepts.
 
 from __future__ import annotations
 
-import atexit
 import os
 import socket
+import sys
+import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from multiprocessing import util as mp_util
 from typing import Any
 
 import torch
@@ -37,9 +39,10 @@ from hybridflow.placement import RoleMesh
 from hybridflow.rollout.base import RolloutBatch, RolloutEngine, SamplingParams
 
 ALIGN = 64  # staging offsets in elements: keeps every view aligned for vectorised copies
-# The parent's job variables the engine world must not inherit (torch and vLLM read some of them).
-JOB_VARIABLES = ("GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE", "GROUP_WORLD_SIZE", "LOCAL_WORLD_SIZE",
-                 "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS")
+# The parent's job variables the engine world must not inherit: torch reads them (with
+# TORCHELASTIC_USE_AGENT_STORE, env:// joins the launcher's store instead of starting its own).
+JOB_VARIABLES = ("GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE", "GROUP_WORLD_SIZE", "LOCAL_WORLD_SIZE", "ROLE_NAME")
+JOB_PREFIXES = ("TORCHELASTIC_", "TORCH_ELASTIC_")
 
 
 class EngineProcessError(RuntimeError):
@@ -161,15 +164,15 @@ def start_hosted_engine(build: EngineBuilder, args: tuple, mesh: RoleMesh, bucke
     rank = dist.get_rank()
     address: list[Any] = [None]
     if rank == mesh.ranks[0]:
-        address = [(socket.gethostname(), socket.getfqdn(), free_port())]
+        address = [(socket.gethostname(), free_port())]
     dist.broadcast_object_list(address, src=mesh.ranks[0])
     if rank not in mesh.ranks:
         return None
-    host, fqdn, port = address[0]
-    env = {k: v for k, v in os.environ.items() if k not in JOB_VARIABLES}
+    host, port = address[0]
+    env = {k: v for k, v in os.environ.items() if k not in JOB_VARIABLES and not k.startswith(JOB_PREFIXES)}
     env.update(RANK=str(mesh.ranks.index(rank)), WORLD_SIZE=str(mesh.size), MASTER_PORT=str(port),
                LOCAL_RANK=str(device.index or 0) if device.type == "cuda" else "0",
-               MASTER_ADDR="127.0.0.1" if host == socket.gethostname() else fqdn)
+               MASTER_ADDR="127.0.0.1" if host == socket.gethostname() else host)
     engine_mesh = RoleMesh("rollout", tuple(range(mesh.size)), tp=mesh.tp, pp=mesh.pp, dp=mesh.dp)
     layout = StagingLayout.of(bucket_shapes)
     ctx = mp.get_context("spawn")
@@ -182,8 +185,13 @@ def start_hosted_engine(build: EngineBuilder, args: tuple, mesh: RoleMesh, bucke
     staging = torch.empty(max(layout.numel, 1), dtype=dtype, device=device)
     conn.send(staging)  # shared once: CUDA IPC handle / shared-memory file
     engine = HostedEngine(process, conn, staging, layout, device, timeout_s)
-    atexit.register(engine.close)  # before multiprocessing's own exit hook joins the (waiting) process
+    # Close before exit: multiprocessing's exit hook (which runs in launcher-spawned ranks, unlike atexit)
+    # joins every child, and the engine process waits on its pipe until told to stop.
+    mp_util.Finalize(engine, engine.close, exitpriority=10)
+    start = time.perf_counter()
     _answer(conn, process, timeout_s, "engine start")
+    print(f"rollout: engine process {env['RANK']} of {mesh.size} up in {time.perf_counter() - start:.0f} s "
+          f"(rank {rank})", file=sys.stderr, flush=True)
     return engine
 
 

@@ -10,6 +10,11 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -184,3 +189,43 @@ def test_native_engine_hosted_on_a_subset_samples_what_it_samples_in_process(hf_
     assert torch.equal(hosted_tokens, tokens)
     torch.testing.assert_close(hosted_logps, logps, atol=1e-5, rtol=0)
     assert (logps != 0).any()
+
+
+# ---- under the job's launcher ----------------------------------------------------------------------------
+def _launched_rank():
+    """A rank of `launch_local`: rank 1 alone hosts an engine (the rollout is a subset), then the rank exits."""
+    from hybridflow.config import DistributedConfig
+    from hybridflow.launch import init_distributed
+    from hybridflow.placement import RoleMesh
+    from hybridflow.rollout.engine_host import start_hosted_engine
+
+    launcher = init_distributed(DistributedConfig(master_port=int(os.environ["MASTER_PORT"])))
+    every = {n: s for b in SHAPES for n, s in b.items()}
+    engine = start_hosted_engine(_dict_engine, (every,), RoleMesh("rollout", (1,), 1, 1, 1), SHAPES,
+                                 torch.float32, torch.device("cpu"), 60)
+    if engine is None:
+        return None
+    out = engine.generate(RolloutBatch(torch.tensor([[1, 2]]), torch.tensor([2])), SamplingParams(max_new_tokens=1))
+    return launcher.rank, out.tokens.tolist(), out.logprobs[-1].item()  # no close(): exiting must stop it
+
+
+LAUNCH_DRIVER = """
+import json, sys
+from hybridflow.config import DistributedConfig
+from hybridflow.launch import launch_local
+from hybridflow.launch.ports import free_port
+from tests.launch.launch_fakes import fake_plan
+from tests.rollout.test_engine_host import _launched_rank
+print(json.dumps(launch_local(fake_plan(1, 2), _launched_rank, [], DistributedConfig(master_port=free_port()),
+                              sys.argv[1])))
+"""
+
+
+def test_engine_process_under_the_launcher_joins_its_own_world_and_stops_with_its_rank(tmp_path):
+    # torch's launcher tells env:// to join its own store (TORCHELASTIC_USE_AGENT_STORE): the engine world
+    # must not inherit that; and a launched rank runs multiprocessing's exit hook, which waits for children.
+    proc = subprocess.run([sys.executable, "-c", LAUNCH_DRIVER, str(tmp_path)], capture_output=True, text=True,
+                          timeout=180, cwd=str(Path(__file__).resolve().parents[2]))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert results["0"] is None and results["1"] == [1, [[2, 3]], 1.0]
