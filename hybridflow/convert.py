@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sys
 from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 
 from hybridflow.errors import cli_errors
+from hybridflow.launch.ports import free_port
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 
@@ -136,7 +136,7 @@ def convert(args: argparse.Namespace) -> None:
     try:
         mp.start_processes(
             _convert_rank,
-            args=(args, hf_config, _free_port(), errors),
+            args=(args, hf_config, free_port("127.0.0.1"), errors),
             nprocs=args.tp * args.pp,
             start_method="fork",
         )
@@ -144,12 +144,6 @@ def convert(args: argparse.Namespace) -> None:
         if not errors.empty():
             raise ValueError(errors.get()) from None
         raise
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

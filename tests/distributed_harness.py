@@ -34,12 +34,13 @@ import multiprocessing
 import os
 import pickle
 import queue
-import socket
 import time
 import traceback
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
+
+from hybridflow.launch.ports import free_port
 
 DEVICE_ENV = "HYBRIDFLOW_TEST_DEVICE"
 DEVICES = ("cpu", "cuda")
@@ -83,13 +84,6 @@ def move_tensors(value: Any, device) -> Any:
         items = [move_tensors(v, device) for v in value]
         return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
     return value
-
-
-def free_port() -> int:
-    """A TCP port that was free a moment ago on 127.0.0.1."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _rank_main(rank, world_size, port, fn, args, kwargs, seed, device, timeout_s, results):
@@ -172,7 +166,7 @@ def run_distributed(
             f"this machine has {torch.cuda.device_count()} (use device='cpu' or unset {DEVICE_ENV})"
         )
     results = ctx.Queue()
-    port = free_port()
+    port = free_port("127.0.0.1")
     procs = [
         ctx.Process(
             target=_rank_main,
