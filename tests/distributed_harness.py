@@ -26,6 +26,12 @@ hangs fails the call after `timeout_s`.
 and cuDNN), so fp32 tests keep their CPU tolerances; tensors in `args`/`kwargs` arrive on the rank's GPU,
 and tensors in the return value come back on the CPU (inside dicts, lists and tuples), so the parent
 compares them with CPU references.
+
+Why not `hybridflow.launch.launch_ranks` (the launcher the run and convert CLIs use): torch's elastic agent
+redirects each rank's stdout/stderr by file descriptor, which fails under pytest's `capsys` (no fileno), it
+reports a failing rank only through an error file after SIGTERMing its peers, and it has no wall-clock
+limit for a hung rank. A test wants the failing rank's full traceback as its assertion message, a per-call
+`timeout_s`, and tensors moved to and from the rank's GPU; that is what this harness adds.
 """
 
 from __future__ import annotations
