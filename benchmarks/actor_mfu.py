@@ -12,7 +12,7 @@ log-probs, what reference scoring and prefill do). TP = PP = 1. MFU = model FLOP
 for H200 dense bf16). Model FLOPs per token = 6 (forward: 2) * (matmul parameters incl. LM head, excl. the
 input embedding) + 12 (forward: 4) * layers * seq * (heads * head_dim) (attention scores and values, full
 square, PaLM's convention). `cost_model_mfu` is the same time in the auto planner's convention
-(`ModelShape.forward_flops_per_token` at the causal mean context seq / 2, times 3 for training): the figure
+(`ModelCostShape.forward_flops_per_token` at the causal mean context seq / 2, times 3 for training): the figure
 that calibrates `Efficiency.train_mfu` / `infer_mfu` / `prefill_mfu`.
 """
 
@@ -31,7 +31,8 @@ from transformers import LlamaConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hybridflow.placement.auto.workload import ModelShape  # noqa: E402
+from hybridflow.placement.auto.workload import ModelCostShape  # noqa: E402
+from hybridflow.placement.param_count import layer_matmul_params  # noqa: E402
 from megatron_adapters.cpu_backend import enable_cpu_backend  # noqa: E402
 from megatron_adapters.model import build_gpt  # noqa: E402
 from megatron_adapters.process_groups import build_role_groups, seed_role_rng  # noqa: E402
@@ -98,15 +99,14 @@ def model_flops_per_token(cfg: LlamaConfig, seq: int, passes: int = 3) -> float:
     `passes` = 3 for forward + backward, 1 for a forward."""
     h, f, L = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
     d = h // cfg.num_attention_heads
-    attn_proj = h * d * (cfg.num_attention_heads * 2 + cfg.num_key_value_heads * 2)
-    per_layer = attn_proj + 3 * h * f
+    per_layer = layer_matmul_params(h, f, cfg.num_key_value_heads * d, q_dim=cfg.num_attention_heads * d)
     matmul_params = L * per_layer + h * cfg.vocab_size
     return passes * (2 * matmul_params + 4 * L * seq * cfg.num_attention_heads * d)
 
 
 def cost_model_flops_per_token(cfg: LlamaConfig, seq: int, passes: int = 3) -> float:
     """The auto planner's FLOPs for the same token (causal mean context seq / 2)."""
-    shape = ModelShape(cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.num_attention_heads,
+    shape = ModelCostShape(cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.num_attention_heads,
                        cfg.num_key_value_heads, cfg.vocab_size, tie_embeddings=cfg.tie_word_embeddings)
     return passes * shape.forward_flops_per_token(seq / 2)
 

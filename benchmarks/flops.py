@@ -15,12 +15,13 @@ recomputation is not counted.
 from __future__ import annotations
 
 from hybridflow.config import ModelConfig
+from hybridflow.placement.param_count import layer_matmul_params
 
 
 def matmul_params(model: ModelConfig) -> int:
     """N of the formula: per layer q, k, v, o and SwiGLU gate, up, down weights, plus the lm head."""
     h, kv = model.hidden_size, model.num_key_value_heads * model.head_dim
-    layer = 2 * h * h + 2 * h * kv + 3 * h * model.intermediate_size
+    layer = layer_matmul_params(h, model.intermediate_size, kv)
     return model.num_hidden_layers * layer + model.vocab_size * h
 
 

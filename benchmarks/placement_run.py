@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ from benchmarks.provenance import REPO_ROOT
 from benchmarks.run_summary import read_rl_records, summarize
 from hybridflow.config import load_experiment
 from hybridflow.errors import UserError
+from hybridflow.launch.ports import free_port
 from hybridflow.placement import plan_placement
 
 # Keys the harness sets itself; the same keys among the user's overrides are dropped.
@@ -32,13 +32,6 @@ class Sweep:
     out_dir: Path
     run_timeout_s: float = 1800.0
     signal_retries: int = 1  # runs again when a run is killed by a signal (not when it fails by itself)
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on now (the OS picks it), for one run's rendezvous."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def user_overrides(overrides: list[str]) -> tuple[list[str], list[str]]:

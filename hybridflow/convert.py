@@ -4,7 +4,8 @@
     python -m hybridflow.convert mcore-to-hf --ckpt DIR --out DIR [--tp T --pp P] [--dtype auto|fp32|bf16]
     python -m hybridflow.convert mcore-to-vllm --ckpt DIR --out DIR --tp T [--hf-config DIR] [--dtype ...]
 
-Runs on CPU: it starts ``tp * pp`` local ranks itself (forked, gloo) and each rank converts only its
+Runs on CPU: it starts ``tp * pp`` local ranks itself (through `hybridflow.launch.launch_ranks`, the
+launcher `python -m hybridflow.run` uses; forked, gloo) and each rank converts only its
 shard (HF slices are read per rank; the dist checkpoint is TP x PP independent, so ``mcore-to-hf`` may use
 any layout that fits, default 1 x 1). ``mcore-to-vllm`` (see `hybridflow.convert_vllm`) writes one
 safetensors file per vLLM TP rank in one process. Bad input: one line on stderr, exit code 2.
@@ -14,15 +15,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
+import shutil
 import sys
+import tempfile
 from collections.abc import Sequence
-from datetime import timedelta
 from pathlib import Path
 
 from hybridflow.errors import cli_errors
+from hybridflow.launch.ports import free_port
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+CONVERT_TIMEOUT_S = 1800  # collectives of a large checkpoint's conversion may take minutes
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -86,14 +89,15 @@ def _validate(args: argparse.Namespace):
     return hf_config
 
 
-def _convert_rank(rank: int, args: argparse.Namespace, hf_config, port: int, errors) -> None:
+def _convert_rank(args: argparse.Namespace, hf_config) -> None:
+    """One conversion rank, started by `hybridflow.launch.launch_ranks` (rank and rendezvous from its env)."""
     import torch.distributed as dist
 
-    # Conversion is a CPU job: hide GPUs before anything in this rank touches CUDA.
-    os.environ.update(CUDA_VISIBLE_DEVICES="", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    from hybridflow.config import DistributedConfig
+    from hybridflow.launch import init_distributed
+
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    world = args.tp * args.pp
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(minutes=30))
+    init_distributed(DistributedConfig(backend="gloo", timeout_s=CONVERT_TIMEOUT_S))
     try:
         from megatron_adapters.checkpoint import load_checkpoint, save_checkpoint
         from megatron_adapters.cpu_backend import enable_cpu_backend
@@ -104,6 +108,7 @@ def _convert_rank(rank: int, args: argparse.Namespace, hf_config, port: int, err
         enable_cpu_backend()
         dtype = _dtype(args.dtype, hf_config)
         hf_config.dtype = dtype
+        world = args.tp * args.pp
         model = build_gpt(hf_config, build_role_groups(list(range(world)), args.tp, args.pp, 1), dtype=dtype)
         if args.direction == "hf-to-mcore":
             load_hf_weights(model, args.hf)
@@ -112,15 +117,12 @@ def _convert_rank(rank: int, args: argparse.Namespace, hf_config, port: int, err
             load_checkpoint(args.ckpt, model)
             save_hf_weights(model, args.out, hf_config, dtype=dtype)
         dist.barrier()
-    except ValueError as err:
-        errors.put(str(err))
-        raise
     finally:
         dist.destroy_process_group()
 
 
 def convert(args: argparse.Namespace) -> None:
-    """Validate, then run the conversion in ``tp * pp`` forked CPU ranks (ValueError on bad input)."""
+    """Validate, then run the conversion in ``tp * pp`` CPU ranks (ValueError on bad input)."""
     if args.direction == "mcore-to-vllm":
         from hybridflow.convert_vllm import convert_to_vllm
 
@@ -128,28 +130,23 @@ def convert(args: argparse.Namespace) -> None:
         convert_to_vllm(args.ckpt, args.out, args.tp, args.hf_config, dtype)
         return
     hf_config = _validate(args)
-    import torch.multiprocessing as mp
+    from hybridflow.config import DistributedConfig
+    from hybridflow.launch import LaunchError, launch_ranks
 
-    # Fork: the parent has imported torch + megatron but run no torch op, so children start in ~0 s.
-    ctx = mp.get_context("fork")
-    errors = ctx.SimpleQueue()
+    # Conversion is a CPU job: the ranks see no GPU. Forked even where CUDA exists: the parent has imported
+    # torch + megatron but run no CUDA call, so children start in ~0 s.
+    dist_cfg = DistributedConfig(master_port=free_port("127.0.0.1"), timeout_s=CONVERT_TIMEOUT_S)
+    log_dir = Path(tempfile.mkdtemp(prefix="hybridflow-convert-"))
     try:
-        mp.start_processes(
-            _convert_rank,
-            args=(args, hf_config, _free_port(), errors),
-            nprocs=args.tp * args.pp,
-            start_method="fork",
-        )
-    except mp.ProcessRaisedException:
-        if not errors.empty():
-            raise ValueError(errors.get()) from None
+        launch_ranks(args.tp * args.pp, _convert_rank, (args, hf_config), dist_cfg, log_dir, devices="",
+                     start_method="fork", quiet=True)
+    except LaunchError as err:
+        # A rank's bad input (megatron_adapters raises ValueError) stays one `error:` line; other failures
+        # name the rank's log (kept).
+        if err.first_error.startswith("ValueError: "):
+            raise ValueError(err.first_error.removeprefix("ValueError: ")) from None
         raise
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    shutil.rmtree(log_dir, ignore_errors=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -3,7 +3,10 @@
 megatron-core, torch and transformers warn at import and at every model build (four ranks x several
 roles print the same deprecation each step of the setup). Each entry below is one such message and what it
 means for a hybridflow run; the first occurrence prints `note: <meaning>` on rank 0 (or the launching
-process) and every later one, on any rank, is dropped. Warnings not listed pass through unchanged.
+process) and every later one, on any rank, is dropped from the console. The full text of each distinct
+known message (message, category, source file:line, logger) goes once per rank to
+`<trainer.output_dir>/logs/warnings_rank<R>.txt` (`warnings_launcher.txt` for the launching process), which
+the note names. Warnings not listed pass through unchanged.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import os
 import sys
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -43,35 +47,61 @@ KNOWN_NOISE = (
     Noise("is deprecated", "deprecated in a dependency", quote=True),
 )
 
-_seen: set[str] = set()
+_seen: set[str] = set()  # noise entries already noted on the console
+_written: set[str] = set()  # full messages already in `_full_text_file` (reset when the file changes)
 _show = True
+_full_text_file: Path | None = None
 
 
 def _known(message: str) -> Noise | None:
     return next((n for n in KNOWN_NOISE if n.text in message), None)
 
 
-def _note(noise: Noise, message: str) -> bool:
-    """Print `noise` the first time (where shown); True when the message was a known one."""
+def warnings_file(log_dir: str | os.PathLike[str], rank: str | None) -> Path:
+    """Where a rank (None: the launching process) keeps the full text of its known warnings."""
+    return Path(log_dir) / (f"warnings_rank{rank}.txt" if rank is not None else "warnings_launcher.txt")
+
+
+def _write_full_text(message: str, source: str) -> None:
+    if _full_text_file is None or message in _written:
+        return
+    _written.add(message)
+    _full_text_file.parent.mkdir(parents=True, exist_ok=True)
+    with _full_text_file.open("a") as out:
+        out.write(f"--- {source}\n{message.rstrip()}\n")
+
+
+def _note(noise: Noise, message: str, source: str) -> bool:
+    """Log the full text, print `noise` the first time (where shown); True when the message was a known one."""
+    _write_full_text(message, source)
     if noise.text not in _seen:
         _seen.add(noise.text)
         if _show:
             said = noise.meaning + (f": {message.splitlines()[0][:100]}" if noise.quote else "")
-            print(f"note: {said} (known warning, shown once)", file=sys.stderr, flush=True)
+            where = f"; full text in {_full_text_file}" if _full_text_file is not None else ""
+            print(f"note: {said} (known warning, shown once{where})", file=sys.stderr, flush=True)
     return True
 
 
 class _LogFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         noise = _known(record.getMessage())
-        return noise is None or not _note(noise, record.getMessage())
+        source = f"logger {record.name} ({record.levelname}) at {record.pathname}:{record.lineno}"
+        return noise is None or not _note(noise, record.getMessage(), source)
 
 
-def quiet_known_noise(show: bool | None = None) -> None:
-    """Route the known warnings through `_note` in this process (idempotent). `show` defaults to "this is
-    rank 0 or not a rank": other ranks drop them silently, rank 0 says each once."""
-    global _show
+def quiet_known_noise(show: bool | None = None, log_dir: str | os.PathLike[str] | None = None) -> None:
+    """Route the known warnings through `_note` in this process (idempotent; a later call updates `show`
+    and `log_dir`). `show` defaults to "this is rank 0 or not a rank": other ranks drop them silently, rank 0
+    says each once. With `log_dir`, each distinct known message's full text goes once to this process's
+    `warnings_file` there (a forked rank starts its own file, even for messages its parent already saw)."""
+    global _show, _full_text_file
     _show = show if show is not None else os.environ.get("RANK", "0") == "0"
+    if log_dir is not None:
+        path = warnings_file(log_dir, os.environ.get("RANK")).resolve()
+        if path != _full_text_file:
+            _full_text_file = path
+            _written.clear()
     original = warnings.showwarning
     if getattr(original, "_hybridflow", False):
         return
@@ -81,7 +111,7 @@ def quiet_known_noise(show: bool | None = None) -> None:
         if noise is None:
             original(message, category, filename, lineno, file, line)
         else:
-            _note(noise, str(message))
+            _note(noise, str(message), f"warnings.warn {category.__name__} at {filename}:{lineno}")
 
     showwarning._hybridflow = True  # type: ignore[attr-defined]
     warnings.showwarning = showwarning

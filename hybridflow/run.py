@@ -28,14 +28,14 @@ def main(argv: list[str] | None = None) -> None:
         if os.environ.get("RANK", "0") == "0":  # under torchrun/srun every rank runs this: say it once
             print(f"hybridflow run: experiment {cfg.name}\n  plan:   {plan_summary(plan)}\n"
                   f"  output: {Path(cfg.trainer.output_dir).resolve()}", flush=True)
-        quiet_known_noise()
+        log_dir = Path(cfg.trainer.output_dir) / "logs"
+        quiet_known_noise(log_dir=log_dir)
         # Imported only now: megatron-core's import-time warnings should not bury a bad-input message.
         from hybridflow.trainer.worker import worker_main
 
         if detect_launcher() is not None:
             worker_main(experiment, overrides)
             return
-        log_dir = Path(cfg.trainer.output_dir) / "logs"
         try:
             results = launch_local(plan, worker_main, (experiment, overrides), cfg.distributed, log_dir)
         except LaunchError as err:

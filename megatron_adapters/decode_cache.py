@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from megatron_adapters.specs import SdpaCoreAttention
+from megatron_adapters.sdpa_attention import SdpaCoreAttention
 
 
 @dataclass

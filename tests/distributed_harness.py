@@ -26,6 +26,12 @@ hangs fails the call after `timeout_s`.
 and cuDNN), so fp32 tests keep their CPU tolerances; tensors in `args`/`kwargs` arrive on the rank's GPU,
 and tensors in the return value come back on the CPU (inside dicts, lists and tuples), so the parent
 compares them with CPU references.
+
+Why not `hybridflow.launch.launch_ranks` (the launcher the run and convert CLIs use): torch's elastic agent
+redirects each rank's stdout/stderr by file descriptor, which fails under pytest's `capsys` (no fileno), it
+reports a failing rank only through an error file after SIGTERMing its peers, and it has no wall-clock
+limit for a hung rank. A test wants the failing rank's full traceback as its assertion message, a per-call
+`timeout_s`, and tensors moved to and from the rank's GPU; that is what this harness adds.
 """
 
 from __future__ import annotations
@@ -34,12 +40,13 @@ import multiprocessing
 import os
 import pickle
 import queue
-import socket
 import time
 import traceback
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
+
+from hybridflow.launch.ports import free_port
 
 DEVICE_ENV = "HYBRIDFLOW_TEST_DEVICE"
 DEVICES = ("cpu", "cuda")
@@ -83,13 +90,6 @@ def move_tensors(value: Any, device) -> Any:
         items = [move_tensors(v, device) for v in value]
         return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
     return value
-
-
-def free_port() -> int:
-    """A TCP port that was free a moment ago on 127.0.0.1."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _rank_main(rank, world_size, port, fn, args, kwargs, seed, device, timeout_s, results):
@@ -172,7 +172,7 @@ def run_distributed(
             f"this machine has {torch.cuda.device_count()} (use device='cpu' or unset {DEVICE_ENV})"
         )
     results = ctx.Queue()
-    port = free_port()
+    port = free_port("127.0.0.1")
     procs = [
         ctx.Process(
             target=_rank_main,

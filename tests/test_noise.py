@@ -1,4 +1,5 @@
-"""Known third-party warnings print once, as one `note:` line, on rank 0 only; unknown ones pass through."""
+"""Known third-party warnings print once, as one `note:` line, on rank 0 only, with their full text once per
+rank in the run's logs; unknown ones pass through."""
 
 import subprocess
 import sys
@@ -8,10 +9,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = """
-import logging, warnings
+import logging, sys, warnings
 from hybridflow.noise import quiet_known_noise
 logging.basicConfig()
-quiet_known_noise()
+quiet_known_noise(log_dir=sys.argv[1])
 for _ in range(3):
     warnings.warn("Apex is not installed. Falling back to Torch Norm")
     logging.getLogger("megatron.core.models.gpt.gpt_model").warning("GPTModel IS DEPRECATED. Please migrate")
@@ -20,16 +21,16 @@ warnings.warn("something nobody listed")
 """
 
 
-def _stderr(rank: str) -> list[str]:
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], cwd=REPO, capture_output=True, text=True, timeout=60,
-                          env={"RANK": rank, "PATH": ""})
+def _stderr(rank: str, log_dir: Path) -> list[str]:
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(log_dir)], cwd=REPO, capture_output=True, text=True,
+                          timeout=60, env={"RANK": rank, "PATH": ""})
     assert proc.returncode == 0, proc.stderr
     return proc.stderr.splitlines()
 
 
 @pytest.mark.parametrize("rank", ["0", "1"])
-def test_known_warnings_once_on_rank_0(rank):
-    lines = _stderr(rank)
+def test_known_warnings_once_on_rank_0(rank, tmp_path):
+    lines = _stderr(rank, tmp_path)
     notes = [line for line in lines if line.startswith("note:")]
     if rank == "0":
         assert len(notes) == 3, lines
@@ -39,3 +40,19 @@ def test_known_warnings_once_on_rank_0(rank):
         assert notes == []
     assert not any("Falling back" in line or "IS DEPRECATED" in line for line in lines)
     assert sum("something nobody listed" in line for line in lines) == 1  # unknown: unchanged, every rank
+
+
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_full_text_once_per_rank_in_its_log(rank, tmp_path):
+    lines = _stderr(rank, tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == [f"warnings_rank{rank}.txt"]
+    text = (tmp_path / f"warnings_rank{rank}.txt").read_text()
+    for full in ("Apex is not installed. Falling back to Torch Norm", "GPTModel IS DEPRECATED. Please migrate",
+                 "torch.foo is deprecated, use torch.bar"):
+        assert text.count(full) == 1, text  # warned three times, written once
+    assert "UserWarning at <string>:" in text and "FutureWarning at <string>:" in text  # category, file:line
+    assert "logger megatron.core.models.gpt.gpt_model (WARNING)" in text
+    assert "something nobody listed" not in text  # unknown warnings stay on the console only
+    if rank == "0":  # the note says where the full text is
+        notes = [line for line in lines if line.startswith("note:")]
+        assert all(str(tmp_path / "warnings_rank0.txt") in note for note in notes), notes

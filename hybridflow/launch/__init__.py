@@ -11,7 +11,7 @@ from hybridflow.launch.environment import (
     slurm_hostnames,
     worker_env,
 )
-from hybridflow.launch.local import LaunchError, launch_local
+from hybridflow.launch.local import LaunchError, launch_local, launch_ranks
 from hybridflow.launch.ports import free_port, port_is_free
 from hybridflow.launch.process_group import init_distributed, resolve_backend
 
@@ -23,6 +23,7 @@ __all__ = [
     "free_port",
     "init_distributed",
     "launch_local",
+    "launch_ranks",
     "port_is_free",
     "resolve_backend",
     "slurm_hostnames",

@@ -89,3 +89,8 @@ def describe_failure(err: ChildFailedError, stderr_of_rank: dict[int, str]) -> s
         lines = (stack or error).strip().splitlines()[-LOG_TAIL_LINES:]
         msg += f"\n--- error recorded by rank {rank} ---\n" + "\n".join(lines)
     return msg
+
+
+def first_error(err: ChildFailedError, stderr_of_rank: dict[int, str]) -> str:
+    """The exception text (`Type: message`) recorded by the rank `describe_failure` names ("" if none)."""
+    return recorded_error(err.failures[root_cause(err.failures, stderr_of_rank)])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 import sys
 import uuid
@@ -22,7 +23,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from hybridflow.errors import UserError
-from hybridflow.launch.failure_report import describe_failure
+from hybridflow.launch.failure_report import describe_failure, first_error
 from hybridflow.launch.ports import free_port, port_is_free
 
 if TYPE_CHECKING:
@@ -30,14 +31,22 @@ if TYPE_CHECKING:
     from hybridflow.placement import Plan
 
 class LaunchError(RuntimeError):
-    """A worker failed; the message names the rank, how it ended, its log file and the log's last lines."""
+    """A worker failed; the message names the rank, how it ended, its log file and the log's last lines.
+
+    `first_error` is the exception text that rank raised ("" when it died without one), e.g. for a caller
+    that turns a rank's bad-input error into its own one-line message.
+    """
+
+    def __init__(self, message: str, first_error: str = "") -> None:
+        super().__init__(message)
+        self.first_error = first_error
 
 
 class RankLogsSpecs(DefaultLogsSpecs):
     """torch's default per-rank log files, remembering which global rank wrote which file."""
 
-    def __init__(self, log_dir: str) -> None:
-        super().__init__(log_dir=log_dir, redirects=Std.ALL, tee=Std.ALL)
+    def __init__(self, log_dir: str, tee: bool = True) -> None:
+        super().__init__(log_dir=log_dir, redirects=Std.ALL, tee=Std.ALL if tee else Std.NONE)
         self.stderr_of_rank: dict[int, str] = {}
         self.stdout_of_rank: dict[int, str] = {}
 
@@ -64,6 +73,21 @@ def visible_devices(local_indices: Sequence[int], inherited: str | None) -> str:
                             "CUDA_VISIBLE_DEVICES or lower cluster.gpus_per_node")
         return ",".join(allowed[i] for i in local_indices)
     return ",".join(str(i) for i in local_indices)
+
+
+@contextlib.contextmanager
+def _agent_logs_silenced(silence: bool) -> Iterator[None]:
+    """With `silence`, the elastic agent's own log lines (its traceback of a failed rank) are dropped for the
+    call: torch sets a level on each of its `torch.distributed.elastic.*` loggers, so each is raised."""
+    names = [n for n in logging.root.manager.loggerDict if n.startswith("torch.distributed.elastic")] if silence else []
+    saved = {name: logging.getLogger(name).level for name in names}
+    for name in names:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for name, level in saved.items():
+            logging.getLogger(name).setLevel(level)
 
 
 @contextlib.contextmanager
@@ -106,22 +130,40 @@ def launch_local(plan: Plan, entrypoint: Callable[..., Any] | str, args: Sequenc
     if not port_is_free(dist_cfg.master_port):
         raise UserError(f"distributed.master_port: port {dist_cfg.master_port} is in use on this machine; "
                         f"set distributed.master_port={free_port()} (free now)")
-    logs = RankLogsSpecs(str(log_dir))
+    devices = visible_devices(local, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    return launch_ranks(len(local), entrypoint, args, dist_cfg, log_dir, devices, run_id=run_id,
+                        stop_grace_s=stop_grace_s)
+
+
+def launch_ranks(nproc: int, entrypoint: Callable[..., Any] | str, args: Sequence[Any],
+                 dist_cfg: DistributedConfig, log_dir: str | os.PathLike[str], devices: str, *,
+                 run_id: str | None = None, stop_grace_s: int = 10, start_method: str | None = None,
+                 quiet: bool = False) -> dict[int, Any]:
+    """Run `entrypoint(*args)` in `nproc` local ranks through torch's elastic agent; {rank: return value}.
+
+    The one way hybridflow starts local ranks (`launch_local` for a plan, `hybridflow.convert` for its
+    conversion ranks). `devices` is the workers' CUDA_VISIBLE_DEVICES ("" hides every GPU);
+    `start_method` defaults to fork without CUDA and spawn with it. `quiet`: the ranks' output goes only to
+    their log files and the agent prints nothing, so the caller alone reports (a CLI's one-line error).
+    Raises `LaunchError` naming the rank that failed first.
+    """
+    logs = RankLogsSpecs(str(log_dir), tee=not quiet)
+    if start_method is None:
+        start_method = "spawn" if torch.cuda.is_available() else "fork"
     options = dict(
-        min_nodes=1, max_nodes=1, nproc_per_node=len(local),
+        min_nodes=1, max_nodes=1, nproc_per_node=nproc,
         run_id=run_id or f"hybridflow-{uuid.uuid4().hex[:8]}",
         rdzv_backend="static", rdzv_endpoint=f"{dist_cfg.master_addr}:{dist_cfg.master_port}",
         rdzv_configs={"rank": 0, "timeout": dist_cfg.timeout_s},
-        max_restarts=0, monitor_interval=0.5, logs_specs=logs,
-        start_method="spawn" if torch.cuda.is_available() else "fork",
+        max_restarts=0, monitor_interval=0.5, logs_specs=logs, start_method=start_method,
     )
     if "shutdown_timeout" in {f.name for f in dataclasses.fields(LaunchConfig)}:  # newer torch only
         options["shutdown_timeout"] = stop_grace_s
     config = LaunchConfig(**options)
     target, target_args = _entrypoint(entrypoint, args)
-    env = {"CUDA_VISIBLE_DEVICES": visible_devices(local, os.environ.get("CUDA_VISIBLE_DEVICES"))}
-    with _environ(env):
+    with _environ({"CUDA_VISIBLE_DEVICES": devices}), _agent_logs_silenced(quiet):
         try:
             return elastic_launch(config, target)(*target_args)
         except ChildFailedError as err:
-            raise LaunchError(describe_failure(err, logs.stderr_of_rank)) from None
+            raise LaunchError(describe_failure(err, logs.stderr_of_rank),
+                              first_error=first_error(err, logs.stderr_of_rank)) from None

@@ -1,12 +1,13 @@
-"""Placement: cluster GPUs, per-role meshes, memory estimates, the explicit planner.
+"""Placement: cluster GPUs, per-role meshes, memory estimates, the explicit planner and the auto search.
 
 Imports only hybridflow.config and hybridflow.errors (anything may import this package).
 """
 
 from hybridflow.placement.cluster import GPU, cluster_gpus
+from hybridflow.placement.dispatch import plan_placement
 from hybridflow.placement.memory import GIB, MemoryEstimate, estimate_role_memory
 from hybridflow.placement.mesh import Dims, ParallelDims, RoleMesh
-from hybridflow.placement.planner import Plan, build_plan, colocation_sets, plan_placement, resolve_resources
+from hybridflow.placement.planner import Plan, build_plan, colocation_sets, resolve_resources
 from hybridflow.placement.resources import parse_gpu_list
 
 __all__ = [

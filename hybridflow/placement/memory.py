@@ -38,6 +38,7 @@ from hybridflow.config.experiment import ExperimentConfig
 from hybridflow.config.model import DTYPE_BYTES, ModelConfig
 from hybridflow.errors import UserError
 from hybridflow.placement.mesh import ParallelDims
+from hybridflow.placement.param_count import layer_matmul_params
 
 GIB = 2**30
 GRAD_BYTES = 4  # fp32 main grads
@@ -71,10 +72,9 @@ def padded_vocab(model: ModelConfig, tp: int) -> int:
 
 def layer_params(model: ModelConfig, tp: int) -> int:
     """Parameters of one transformer layer on one TP rank (norm weights are replicated)."""
-    h, f = model.hidden_size, model.intermediate_size
-    h_kv = model.num_key_value_heads * model.head_dim
-    attention = 2 * h * h + 2 * h * h_kv + (h + 2 * h_kv if model.attention_bias else 0)
-    return (attention + 3 * h * f) // tp + 2 * h
+    h, h_kv = model.hidden_size, model.num_key_value_heads * model.head_dim
+    bias = h + 2 * h_kv if model.attention_bias else 0  # q, k, v biases, sharded with their weights
+    return (layer_matmul_params(h, model.intermediate_size, h_kv) + bias) // tp + 2 * h
 
 
 def stage_params(model: ModelConfig, role: str, tp: int, pp: int, stage: int) -> int:

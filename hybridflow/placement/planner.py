@@ -1,4 +1,7 @@
-"""Explicit placement: config -> Plan (role meshes on global ranks, rank -> roles, memory per GPU)."""
+"""Explicit placement: config -> Plan (role meshes on global ranks, rank -> roles, memory per GPU).
+
+`hybridflow.placement.dispatch.plan_placement` picks this or the auto search (which calls `build_plan`).
+"""
 
 from __future__ import annotations
 
@@ -55,17 +58,6 @@ class Plan:
                 for r, m in self.memory.items()
             },
         }
-
-
-def plan_placement(cfg: ExperimentConfig) -> Plan:
-    """The plan for `cfg`: explicit `placement.resources`, or the auto planner for `placement.mode=auto`."""
-    if cfg.placement.mode == "auto":
-        try:
-            from hybridflow.placement.auto import plan_auto  # noqa: PLC0415 (optional, owned separately)
-        except ImportError:
-            raise UserError("placement.mode: auto planner is not available in this build; use explicit") from None
-        return plan_auto(cfg)
-    return build_plan(cfg, resolve_resources(cfg))
 
 
 def resolve_resources(cfg: ExperimentConfig) -> dict[str, tuple[int, ...]]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from hybridflow.config import load_experiment
@@ -15,11 +17,13 @@ from megatron_adapters.cpu_backend import enable_cpu_backend
 def worker_main(experiment: str | None, overrides: list[str]) -> dict[str, float]:
     """Entry point of one rank (started by the local launcher, torchrun or srun)."""
     cfg = load_experiment(experiment, overrides)
+    # First, so that nothing this rank warns lands in its parent's file (a forked rank inherits its state):
+    # megatron/torch repeats once, as one line, on rank 0; full text in this rank's logs/warnings_rank<R>.txt.
+    quiet_known_noise(log_dir=Path(cfg.trainer.output_dir) / "logs")
     plan = plan_placement(cfg)
     init_distributed(cfg.distributed)
     if enable_cpu_backend():
         # CPU ranks share the machine's cores; one thread each avoids oversubscription and keeps
         # reductions in a fixed order (bitwise-reproducible resume).
         torch.set_num_threads(1)
-    quiet_known_noise()  # megatron/torch repeats: once, as one line, on rank 0
     return train(cfg, plan)

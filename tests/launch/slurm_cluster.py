@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hybridflow.launch.ports import free_port
+
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "sinfo", "scontrol", "srun")
 INSTALL_HINT = "apt-get install -y slurm-wlm munge"
 
@@ -28,12 +30,6 @@ def missing_binaries() -> list[str]:
     """Names of the Slurm/munge programs this fixture needs that are not on PATH (or in /usr/sbin)."""
     path = os.environ.get("PATH", "") + os.pathsep + "/usr/sbin:/sbin"
     return [b for b in BINARIES if shutil.which(b, path=path) is None]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _which(name: str) -> str:
@@ -80,7 +76,7 @@ class SlurmCluster:
 
     def _write_conf(self, munge_socket: Path) -> None:
         host = socket.gethostname()
-        ctld_port, base_port = _free_port(), _free_port()
+        ctld_port, base_port = free_port("127.0.0.1"), free_port("127.0.0.1")
         for sub in ("state", "logs", *[f"spool/{n}" for n in self.node_names]):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         node_lines = [

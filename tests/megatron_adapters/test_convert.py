@@ -20,7 +20,7 @@ def _tensors(path):
 
 
 @pytest.mark.slow
-def test_cli_roundtrip_is_bit_exact(tmp_path, capsys):
+def test_cli_roundtrip_is_bit_exact(tmp_path, capfd):  # capfd: the launcher's ranks write to real fds
     save_tiny_model("qwen2", tmp_path / "hf", seed=11)
     assert (
         main(
@@ -43,7 +43,7 @@ def test_cli_roundtrip_is_bit_exact(tmp_path, capsys):
         main(["mcore-to-hf", "--ckpt", str(tmp_path / "ckpt"), "--out", str(tmp_path / "back"), "--tp", "2"])
         == 0
     )
-    assert "converted" in capsys.readouterr().out
+    assert "converted" in capfd.readouterr().out
     original, back = _tensors(tmp_path / "hf"), _tensors(tmp_path / "back")
     assert set(back) == set(original)
     assert all(torch.equal(back[k], v) for k, v in original.items())
@@ -52,10 +52,10 @@ def test_cli_roundtrip_is_bit_exact(tmp_path, capsys):
     ]
 
 
-def _exit_line(argv, capsys):
+def _exit_line(argv, capture):
     with pytest.raises(SystemExit) as exc:
         main(argv)
-    err = capsys.readouterr().err
+    err = capture.readouterr().err
     errors = [line for line in err.splitlines() if line.startswith("error:")]  # (import warnings aside)
     assert exc.value.code == 2 and len(errors) == 1 and "Traceback" not in err
     return errors[0]
@@ -81,7 +81,16 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     assert err.startswith("error: --ckpt:")
 
 
-def test_mcore_to_vllm_writes_one_shard_per_rank(tmp_path, capsys):
+@pytest.mark.slow
+def test_bad_input_found_inside_a_rank_is_one_line_and_exit_2(tmp_path, capfd):
+    save_tiny_model("qwen2", tmp_path / "hf", seed=11)
+    (tmp_path / "hf" / "model.safetensors").unlink()  # config.json passes the parent's checks; loading fails
+    err = _exit_line(["hf-to-mcore", "--hf", str(tmp_path / "hf"), "--out", str(tmp_path / "o"), "--tp", "2"],
+                     capfd)
+    assert err.startswith("error: hf: ") and "has neither model.safetensors" in err, err
+
+
+def test_mcore_to_vllm_writes_one_shard_per_rank(tmp_path, capfd):
     from safetensors import safe_open
 
     save_tiny_model("llama", tmp_path / "hf", seed=5)
@@ -96,7 +105,7 @@ def test_mcore_to_vllm_writes_one_shard_per_rank(tmp_path, capsys):
                 assert {k: list(f.get_slice(k).get_shape()) for k in f.keys()} == manifest["tensors"][str(rank)]
         qkv = manifest["tensors"]["0"]["model.layers.0.self_attn.qkv_proj.weight"]
         assert qkv == [(8 + 2 * 4) * 8 // 2, 64]  # (q heads + k + v) x head_dim / tp, hidden
-    assert "mcore-to-vllm, tp=2" in capsys.readouterr().out
+    assert "mcore-to-vllm, tp=2" in capfd.readouterr().out
     assert not list(tmp_path.glob(".*.partial"))
 
 

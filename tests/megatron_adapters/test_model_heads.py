@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForSequenceClassification
+from transformers import LlamaConfig
 
 from megatron_adapters.model import (
     SUPPORTED_ARCHITECTURES,
@@ -15,7 +15,6 @@ from tests.distributed_harness import run_distributed
 from tests.megatron_adapters.tiny_hf_models import (
     LLAMA,
     pipeline_forward,
-    randomize_,
     save_tiny_model,
     token_batch,
 )
@@ -41,15 +40,9 @@ def _heads_rank(reward_dir, causal_dir, ids):
 
 @pytest.mark.slow
 def test_reward_head_matches_hf_and_value_head_is_scalar(tmp_path):
-    torch.set_num_threads(1)
-    config = LlamaConfig(
-        **{**LLAMA, "architectures": ["LlamaForSequenceClassification"]}, num_labels=1, pad_token_id=0
-    )
-    hf = LlamaForSequenceClassification(config).eval()
-    randomize_(hf, seed=9)
-    hf.save_pretrained(tmp_path / "rm")
+    hf = save_tiny_model("llama", tmp_path / "rm", seed=9, head="score")
     save_tiny_model("llama", tmp_path / "lm", seed=10)
-    ids = token_batch(config.vocab_size).clamp(min=1)  # no pad tokens: HF pools the last position
+    ids = token_batch(hf.config.vocab_size).clamp(min=1)  # no pad tokens: HF pools the last position
     with torch.no_grad():
         ref = hf(ids).logits[:, 0]
     reports = [

@@ -7,7 +7,8 @@ import torch
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from megatron_adapters.specs import LAYER_SPECS, SdpaCoreAttention, resolve_spec_name
+from megatron_adapters.sdpa_attention import SdpaCoreAttention
+from megatron_adapters.specs import LAYER_SPECS, resolve_spec_name
 
 
 def _config(window=None):

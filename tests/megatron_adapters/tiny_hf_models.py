@@ -1,4 +1,7 @@
-"""Tiny random HF checkpoints and a pipeline forward for the megatron-adapter parity tests.
+"""Tiny random HF models and checkpoints (the tests' one factory) and a pipeline forward for parity tests.
+
+`tiny_model(kind, seed, head, **overrides)` builds one in memory, `save_tiny_model` also writes it as an HF
+checkpoint; `head="score"` is the sequence-classification (reward model) variant of the same decoder.
 
 The parent test process builds the HF models (and their reference logits) before forking ranks; it
 runs torch single-threaded first because an OpenMP pool created before `fork` hangs the children.
@@ -11,6 +14,7 @@ import torch.distributed as dist
 from transformers import (
     LlamaConfig,
     LlamaForCausalLM,
+    LlamaForSequenceClassification,
     MistralConfig,
     MistralForCausalLM,
     Qwen2Config,
@@ -81,13 +85,27 @@ def randomize_(model: torch.nn.Module, seed: int) -> None:
             p.copy_(1 + 0.1 * noise if "norm" in name else 0.1 * noise)
 
 
-def save_tiny_model(kind: str, path, seed: int = 0, **overrides):
-    """Save a random tiny HF model of `kind` ("llama" | "qwen2") to `path`; return it (eval, fp32)."""
+SCORE_HEADS = {"llama": LlamaForSequenceClassification}  # head="score": one scalar per sequence
+
+
+def tiny_model(kind: str, seed: int = 0, head: str = "causal", **overrides):
+    """A random tiny HF model of `kind` ("llama" | "qwen2" | "mistral"), eval, fp32, weights from
+    `randomize_(seed)`; `overrides` replace config fields. `head="score"`: the reward-model variant
+    (sequence classification, one label, pad id 0)."""
     torch.set_num_threads(1)
     config_cls, model_cls, base = KINDS[kind]
-    config = config_cls(**{**base, **overrides})
-    model = model_cls(config).eval()
+    fields = {**base, **overrides}
+    if head == "score":
+        model_cls = SCORE_HEADS[kind]
+        fields = {**fields, "architectures": [model_cls.__name__], "num_labels": 1, "pad_token_id": 0}
+    model = model_cls(config_cls(**fields)).eval()
     randomize_(model, seed)
+    return model
+
+
+def save_tiny_model(kind: str, path, seed: int = 0, head: str = "causal", **overrides):
+    """`tiny_model(...)` written to `path` as an HF checkpoint; returns the model."""
+    model = tiny_model(kind, seed, head, **overrides)
     model.save_pretrained(path)
     return model
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 
 import pytest
-import torch
 
 from hybridflow.config import load_experiment
 from hybridflow.errors import UserError
@@ -30,16 +29,10 @@ def test_a_sequence_classification_policy_is_refused():
 
 def _reward_checkpoint(path):
     """A tiny Llama reward model (HF sequence classification, a `score` head) over the policy's 17 ids."""
-    from transformers import LlamaConfig, LlamaForSequenceClassification
+    from tests.megatron_adapters.tiny_hf_models import save_tiny_model
 
-    from tests.megatron_adapters.tiny_hf_models import LLAMA, randomize_
-
-    torch.set_num_threads(1)
-    shape = {**LLAMA, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-             "num_key_value_heads": 2, "vocab_size": 17, "architectures": ["LlamaForSequenceClassification"]}
-    model = LlamaForSequenceClassification(LlamaConfig(**shape, num_labels=1, pad_token_id=0))
-    randomize_(model, seed=3)
-    model.save_pretrained(path)
+    save_tiny_model("llama", path, seed=3, head="score", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, vocab_size=17)
 
 
 @pytest.mark.slow

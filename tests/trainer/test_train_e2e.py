@@ -99,12 +99,21 @@ def test_later_steps_after_resume_match_uninterrupted_run(killed_and_resumed):
 
 
 def test_validation_accuracy_rises_on_the_cpu_default(tmp_path):
-    # The CPU default's 60 steps, greedy validation on 64 held-out prompts. Measured: accuracy 0.8125 after the
-    # SFT warm-up (step 0), 0.672 at step 20, 0.828 at steps 40 and 60; validating does not change the RL
-    # steps (the step-20 point equals a 20-step run's). The margin is one prompt of 64; the run is seeded.
-    run(tmp_path, "trainer.val_every=30", "trainer.val_before_train=true")
+    # The CPU default's 60 steps, validated by sampling at the training temperature (1.0) on 256 held-out
+    # prompts. Greedy accuracy shows no rise: the SFT warm-up already makes the argmax answer right on ~81 % of
+    # prompts (measured greedy on 64 prompts: 0.8125 at step 0, 0.672 at 20, 0.828 at 60), and PPO's gain is
+    # to move the sampled distribution's mass onto that answer, which is what sampled accuracy measures.
+    # Measured 2026-12-04 (seed 1234): 0.301 at step 0, 0.680 at 30, 0.797 at 60 (every 10 steps: 0.30, 0.46,
+    # 0.57, 0.68, 0.74, 0.74, 0.80); seed 7: 0.238, 0.629, 0.660. At 256 prompts one standard error is
+    # ~0.03; the margins below are about 2/3 of the smaller seed's rise.
+    run(tmp_path, "trainer.val_every=30", "trainer.val_before_train=true", "trainer.val_temperature=1.0",
+        "data.val_size=256")
     val = [r for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines()) if r["phase"] == "val"]
     assert [r["step"] for r in val] == [0, 30, 60]
-    assert all({"val/reward_mean", "val/accuracy"} <= r.keys() for r in val)
-    assert val[-1]["val/accuracy"] > val[0]["val/accuracy"], val
+    assert all({"val/reward_mean", "val/accuracy"} <= r.keys() and r["val/num_prompts"] == 256 for r in val)
+    accuracy = [r["val/accuracy"] for r in val]
+    assert accuracy[1] > accuracy[0] + 0.25 and accuracy[2] > accuracy[0] + 0.3, accuracy
     assert (tmp_path / "validation.png").stat().st_size > 0
+    # Known third-party warnings: one console note each, the full text in every rank's log (#16).
+    for rank in range(4):
+        assert "megatron/core" in (tmp_path / "logs" / f"warnings_rank{rank}.txt").read_text()

@@ -17,10 +17,10 @@ from hybridflow.placement.auto.from_config import (
 )
 from hybridflow.placement.auto.search import Candidate, SearchResult, search
 from hybridflow.placement.auto.strategy import Strategy
-from hybridflow.placement.auto.workload import ModelShape, RoleWork, Workload
+from hybridflow.placement.auto.workload import ModelCostShape, RoleWork, Workload
 
 __all__ = [
-    "Candidate", "DeviceSpec", "Efficiency", "Explanation", "ModelShape", "RoleWork", "RunnerUp",
+    "Candidate", "DeviceSpec", "Efficiency", "Explanation", "ModelCostShape", "RoleWork", "RunnerUp",
     "SearchResult", "Strategy", "Workload", "config_with_plan", "efficiency_for", "explain", "load_calibration",
     "memory_from_config", "plan_auto", "search", "search_config", "search_placement", "workload_from_config",
 ]

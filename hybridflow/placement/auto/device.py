@@ -69,7 +69,7 @@ NATIVE_DECODE = {"native_decode_hbm_efficiency": 0.639, "native_decode_step_over
 _NATIVE_DECODE_SOURCE = ("fitted 2026-12-03 by benchmarks/fit_decode.py to native decode on one H200 (TP 1), "
                          "1B and 8B shapes, 14 points within 9 %, a held-out Qwen2-7B shape within 9 % "
                          "(benchmarks/results/calibrate_h200_20261203/)")
-# Forward + backward and forward-only MFU in the planner's FLOP convention (`ModelShape.forward_flops_per_token`
+# Forward + backward and forward-only MFU in the planner's FLOP convention (`ModelCostShape.forward_flops_per_token`
 # at the causal mean context), Llama-3-8B shape, TP = PP = 1, megatron-core with torch SDPA (no Transformer
 # Engine): benchmarks/actor_mfu.py --shape 8b [--mode forward]; at the 1.5B shape the same runs give 0.44 / 0.37.
 _MFU_SOURCE = ("measured 2026-12-03 on one H200, Llama-3-8B shape, TP 1, torch SDPA: "

@@ -17,7 +17,7 @@ from hybridflow.placement.auto.workload import (
     GENERATION,
     PREPARATION,
     TRAINING,
-    ModelShape,
+    ModelCostShape,
     RoleWork,
     Workload,
 )
@@ -35,8 +35,8 @@ _STAGES = {"actor": (GENERATION, PREPARATION, TRAINING), "critic": (PREPARATION,
            "ref": (PREPARATION,), "reward": (PREPARATION,)}
 
 
-def model_shape(model: ModelConfig, role: str) -> ModelShape:
-    return ModelShape(hidden_size=model.hidden_size, intermediate_size=model.intermediate_size,
+def model_shape(model: ModelConfig, role: str) -> ModelCostShape:
+    return ModelCostShape(hidden_size=model.hidden_size, intermediate_size=model.intermediate_size,
                       num_layers=model.num_hidden_layers, num_heads=model.num_attention_heads,
                       num_kv_heads=model.num_key_value_heads, vocab_size=model.vocab_size,
                       tie_embeddings=model.tie_word_embeddings, dtype_bytes=model.dtype_bytes,

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hybridflow.placement.param_count import layer_matmul_params
+
 # The dataflow of one PPO iteration (HybridFlow section 2): generation by the actor, then preparation (the
 # actor, reference, critic and reward models score the responses), then training of actor and critic.
 GENERATION, PREPARATION, TRAINING = "generation", "preparation", "training"
@@ -15,7 +17,7 @@ STAGES = (GENERATION, PREPARATION, TRAINING)
 
 
 @dataclass(frozen=True)
-class ModelShape:
+class ModelCostShape:
     """The figures of a decoder-only transformer that decide its cost and memory."""
 
     hidden_size: int
@@ -34,10 +36,8 @@ class ModelShape:
 
     @property
     def layer_params(self) -> int:
-        kv_dim = self.num_kv_heads * self.head_dim
-        attention = 2 * self.hidden_size * self.hidden_size + 2 * self.hidden_size * kv_dim
-        mlp = 3 * self.hidden_size * self.intermediate_size  # gate, up, down (SwiGLU)
-        return attention + mlp + 2 * self.hidden_size  # + two RMSNorm weights
+        matmuls = layer_matmul_params(self.hidden_size, self.intermediate_size, self.num_kv_heads * self.head_dim)
+        return matmuls + 2 * self.hidden_size  # + two RMSNorm weights
 
     @property
     def output_params(self) -> int:
@@ -73,7 +73,7 @@ class RoleWork:
     """One role of the dataflow: its model and the stages it runs in (`train` = it has an optimizer)."""
 
     name: str
-    model: ModelShape
+    model: ModelCostShape
     stages: tuple[str, ...]
     micro_batch_size: int = 1
 
@@ -127,7 +127,7 @@ class Workload:
         raise KeyError(name)
 
 
-def ppo_roles(actor: ModelShape, critic: ModelShape | None, reward: ModelShape | None,
+def ppo_roles(actor: ModelCostShape, critic: ModelCostShape | None, reward: ModelCostShape | None,
               micro_batch_size: int = 1) -> tuple[RoleWork, ...]:
     """The roles of PPO (critic given) or GRPO (critic None); `reward` None = rule-based reward."""
     # The actor recomputes the old log-probs with its training layout in preparation (the rollout engine's
@@ -142,9 +142,9 @@ def ppo_roles(actor: ModelShape, critic: ModelShape | None, reward: ModelShape |
 
 
 # Llama 2 (7B, 13B, 70B) and Code Llama 34B shapes, the models of HybridFlow's evaluation.
-LLAMA_SHAPES: dict[str, ModelShape] = {
-    "7b": ModelShape(4096, 11008, 32, 32, 32, 32000),
-    "13b": ModelShape(5120, 13824, 40, 40, 40, 32000),
-    "34b": ModelShape(8192, 22016, 48, 64, 8, 32000),
-    "70b": ModelShape(8192, 28672, 80, 64, 8, 32000),
+LLAMA_SHAPES: dict[str, ModelCostShape] = {
+    "7b": ModelCostShape(4096, 11008, 32, 32, 32, 32000),
+    "13b": ModelCostShape(5120, 13824, 40, 40, 40, 32000),
+    "34b": ModelCostShape(8192, 22016, 48, 64, 8, 32000),
+    "70b": ModelCostShape(8192, 28672, 80, 64, 8, 32000),
 }

@@ -3,52 +3,32 @@
 from __future__ import annotations
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from megatron_adapters.model import model_shape
+from tests.megatron_adapters.tiny_hf_models import tiny_model
 
 
 def tiny_llama_gqa(vocab: int = 1100) -> tuple[object, dict[str, torch.Tensor]]:
     """Llama, 8 heads / 2 kv heads (GQA, kv < 4), untied, vocab not a multiple of 64 (misaligned padding)."""
-    cfg = LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        head_dim=4,
-        max_position_embeddings=64,
-        tie_word_embeddings=False,
-    )
-    return cfg, _random_state(LlamaForCausalLM, cfg)
+    return _config_and_state(tiny_model(
+        "llama", vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=8, num_key_value_heads=2, head_dim=4, max_position_embeddings=64,
+        tie_word_embeddings=False))
 
 
 def tiny_qwen2_tied(vocab: int = 512, hidden: int = 32, ffn: int = 64) -> tuple[object, dict[str, torch.Tensor]]:
     """Qwen2 (qkv bias), 8 heads / 4 kv heads, tied embeddings, vocab aligned with every padding rule."""
-    cfg = Qwen2Config(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=ffn,
-        num_hidden_layers=2,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        max_position_embeddings=64,
-        tie_word_embeddings=True,
-    )
-    return cfg, _random_state(Qwen2ForCausalLM, cfg)
+    return _config_and_state(tiny_model(
+        "qwen2", vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=2,
+        num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=64, tie_word_embeddings=True))
 
 
-def _random_state(cls, cfg) -> dict[str, torch.Tensor]:
-    torch.manual_seed(0)
-    model = cls(cfg)
-    state = {}
-    for name, tensor in model.state_dict().items():
-        # Distinct random values everywhere (norms would otherwise be all ones, hiding misplacements).
-        state[name] = torch.randn_like(tensor) if tensor.dtype.is_floating_point else tensor
-    if cfg.tie_word_embeddings:
+def _config_and_state(model) -> tuple[object, dict[str, torch.Tensor]]:
+    # tiny_model's weights are distinct everywhere (norms too), so a misplaced tensor cannot go unnoticed.
+    state = {name: tensor.detach() for name, tensor in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
-    return state
+    return model.config, state
 
 
 def hf_reader(state: dict[str, torch.Tensor]):

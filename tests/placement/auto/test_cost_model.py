@@ -12,7 +12,7 @@ from hybridflow.placement.auto.comm import allreduce_time, bridge_volume
 from hybridflow.placement.auto.cost_model import generation_breakdown, generation_time, inference_time, training_time
 from hybridflow.placement.auto.device import DeviceSpec, Efficiency, efficiency_for, load_calibration
 from hybridflow.placement.auto.strategy import Strategy, strategies_for
-from hybridflow.placement.auto.workload import LLAMA_SHAPES, ModelShape, Workload, ppo_roles
+from hybridflow.placement.auto.workload import LLAMA_SHAPES, ModelCostShape, Workload, ppo_roles
 
 A100 = DeviceSpec.from_cluster(ClusterConfig(nodes=2, gpus_per_node=8, gpu_type="A100"))
 EFF = replace(Efficiency(), role_pass_overhead_s=0.0)
@@ -157,9 +157,9 @@ def test_vllm_sleep_level_1_copies_the_rollout_shard_out_and_back_over_pcie():
 
 
 # Llama-3.2-1B (conf/model/llama_1b.yaml) on the one H200 the native rollout was measured on.
-LLAMA_1B = ModelShape(2048, 8192, 16, 32, 8, 128256, tie_embeddings=True)
-LLAMA3_8B = ModelShape(4096, 14336, 32, 32, 8, 128256)
-QWEN2_7B = ModelShape(3584, 18944, 28, 28, 4, 152064)  # its dimensions in the Llama layout (benchmarks/actor_mfu.py)
+LLAMA_1B = ModelCostShape(2048, 8192, 16, 32, 8, 128256, tie_embeddings=True)
+LLAMA3_8B = ModelCostShape(4096, 14336, 32, 32, 8, 128256)
+QWEN2_7B = ModelCostShape(3584, 18944, 28, 28, 4, 152064)  # Llama layout (benchmarks/actor_mfu.py)
 CALIBRATION = Path(__file__).resolve().parents[3] / "benchmarks/results/calibrate_h200_20261203"
 H200 = DeviceSpec.from_cluster(ClusterConfig(nodes=1, gpus_per_node=1, gpu_type="H200"))
 
@@ -182,7 +182,7 @@ def test_native_rollout_decode_step_is_within_10_percent_of_each_measured_step(n
     # Llama-3.2-1B and Llama-3-8B shapes (two runs) and Qwen2-7B's, prompts 128 and 1024, batches 32-256.
     eff = replace(efficiency_for("H200"), role_pass_overhead_s=0.0)
     model = {"1.5b": LLAMA_1B, "8b": LLAMA3_8B, "qwen7b": QWEN2_7B}[run["shape"]]
-    # (the built model also has a final norm, which ModelShape leaves out)
+    # (the built model also has a final norm, which ModelCostShape leaves out)
     assert model.weight_bytes == pytest.approx(run["weight_bytes"], rel=1e-5)
     assert model.kv_bytes_per_token == run["kv_bytes_per_token"]
     batch, prompt, new = row["batch"], run["prompt"], run["new_tokens"]

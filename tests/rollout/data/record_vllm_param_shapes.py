@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import sys
 import tempfile
 import traceback
@@ -27,6 +26,7 @@ import torch
 import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repo root, for hybridflow
+from hybridflow.launch.ports import free_port  # noqa: E402 (needs the path above)
 
 VOCAB_PAD = 64  # vLLM's VocabParallelEmbedding pads the vocabulary to a multiple of this
 
@@ -166,12 +166,6 @@ def rank_main(rank: int, tp: int, port: int, spec: dict, ckpt: str, hf: dict, ou
         out[rank] = {"error": traceback.format_exc()}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def record(tp: int, spec: dict) -> dict:
     """Run one (model, tp) case in `tp` spawned ranks and return per-rank results."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -180,7 +174,7 @@ def record(tp: int, spec: dict) -> dict:
         ctx = mp.get_context("spawn")
         manager = ctx.Manager()
         out = manager.dict()
-        port = free_port()
+        port = free_port("127.0.0.1")
         procs = [ctx.Process(target=rank_main, args=(r, tp, port, spec, tmp, hf, out)) for r in range(tp)]
         for p in procs:
             p.start()
