@@ -11,14 +11,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from hybridflow.algorithms.gae import GAE
-from hybridflow.algorithms.group_filter import DropUniformGroups
-from hybridflow.algorithms.grpo import GroupNormalized
-from hybridflow.algorithms.gspo_loss import SequenceClip
-from hybridflow.algorithms.overlong import OverlongPenalty
-from hybridflow.algorithms.ppo_loss import TokenClip
-from hybridflow.algorithms.reinforce_pp import ReinforcePP, ReinforcePPBaseline
-from hybridflow.algorithms.rloo import LeaveOneOut
+from hybridflow.algorithms.advantages.gae import GAE
+from hybridflow.algorithms.advantages.group_norm import GroupNormalized
+from hybridflow.algorithms.advantages.reinforce_pp import ReinforcePP, ReinforcePPBaseline
+from hybridflow.algorithms.advantages.rloo import LeaveOneOut
+from hybridflow.algorithms.losses.gspo_clip import SequenceClip
+from hybridflow.algorithms.losses.ppo_clip import TokenClip
+from hybridflow.algorithms.scores.group_filter import DropUniformGroups
+from hybridflow.algorithms.scores.overlong import OverlongPenalty
 from hybridflow.config import ExperimentConfig
 from hybridflow.errors import UserError
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from hybridflow.config.bounds import bounded
 
 KL_CONTROLLERS = ("fixed", "adaptive")
-# hybridflow.algorithms.kl.KL_ESTIMATORS has exactly these keys (a test checks it; config imports nothing).
+# hybridflow.algorithms.kl.estimators.KL_ESTIMATORS has exactly these keys (a test checks it; config imports nothing).
 KL_ESTIMATOR_NAMES = ("k1", "k2", "k3")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 
@@ -61,11 +61,11 @@ class AlgorithmConfig:
     entropy_coef: float = bounded(0.0, ge=0)
     whiten_advantages: bool = True
     ppo_epochs: int = bounded(1, ge=1)
-    # How token losses become the mini-batch's loss (hybridflow/algorithms/loss_agg.py); independent of the
+    # How token losses become the mini-batch's loss (hybridflow/algorithms/losses/loss_agg.py); independent of the
     # micro-batch size and DP in every mode.
     loss_agg_mode: str = bounded("token-mean", choices=LOSS_AGG_MODES)
     # DAPO's over-long shaping: the last `overlong_buffer` tokens before rollout.max_new_tokens cost up to
-    # `overlong_penalty` reward, linearly (hybridflow/algorithms/overlong.py); 0 = off.
+    # `overlong_penalty` reward, linearly (hybridflow/algorithms/scores/overlong.py); 0 = off.
     overlong_buffer: int = bounded(0, ge=0)
     overlong_penalty: float = bounded(1.0, ge=0)
     # DAPO's dynamic sampling: at most this many more prompt batches are generated per step to replace the

@@ -1,5 +1,5 @@
 """DAPO's dynamic sampling at the start of the step: keep the groups the filter keeps, generate and score
-more prompts until the batch is full again (hybridflow/algorithms/group_filter.py says which groups go).
+more prompts until the batch is full again (hybridflow/algorithms/scores/group_filter.py says which groups go).
 
 Every rank runs this with the same shared scores and the same data loader state, so every rank takes the same
 decisions and draws the same prompts: the collectives inside generation stay matched.

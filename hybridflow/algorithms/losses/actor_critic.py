@@ -14,11 +14,11 @@ from typing import NamedTuple
 
 import torch
 
-from hybridflow.algorithms.gspo_loss import SequenceClip
-from hybridflow.algorithms.kl import kl_estimator, kl_k3
-from hybridflow.algorithms.ppo_loss import TokenClip
-from hybridflow.algorithms.value_loss import clipped_value_loss
-from hybridflow.algorithms.whiten import masked_sum
+from hybridflow.algorithms.kl.estimators import kl_estimator, kl_k3
+from hybridflow.algorithms.losses.gspo_clip import SequenceClip
+from hybridflow.algorithms.losses.ppo_clip import TokenClip
+from hybridflow.algorithms.losses.value_clip import clipped_value_loss
+from hybridflow.algorithms.masked import masked_sum
 
 
 class LossOutput(NamedTuple):

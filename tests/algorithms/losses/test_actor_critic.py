@@ -11,7 +11,7 @@ from hybridflow.algorithms import (
     sft_loss,
     token_means,
 )
-from hybridflow.algorithms.ppo_loss import TokenClip
+from hybridflow.algorithms.losses.ppo_clip import TokenClip
 
 
 def _batch(seed=0, b=3, t=5):

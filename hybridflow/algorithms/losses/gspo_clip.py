@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hybridflow.algorithms.whiten import masked_mean
+from hybridflow.algorithms.masked import masked_mean
 
 
 def sequence_clip_loss(

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hybridflow.algorithms.advantage import Advantages
+from hybridflow.algorithms.advantages.base import Advantages
 
 
 def leave_one_out_scores(scores: torch.Tensor, group_size: int) -> torch.Tensor:

@@ -32,7 +32,7 @@ def ppo_policy_loss(
 
 @dataclass(frozen=True)
 class TokenClip:
-    """PPO's per-token clipped surrogate as a policy-loss object (GSPO's sequence variant: gspo_loss.py).
+    """PPO's per-token clipped surrogate as a policy-loss object (GSPO's sequence variant: gspo_clip.py).
 
     `clip_high` None: symmetric (= clip_low); DAPO's clip-higher sets it above clip_low.
     """
