@@ -129,6 +129,9 @@ class RLTrainer:
         """The generated, scored batch with the filter's dropped groups replaced by newly drawn ones
         (trainer/dynamic_sampling.py). The filter needs every score on every rank, so the scores are
         shared here rather than after the other roles' inference."""
+        if draw is None:
+            raise ValueError("RLTrainer.step: a batch filter needs `draw` to fetch more prompts")
+
         def generated_and_scored() -> StepBatch:
             more = draw()
             self._generate(more)
