@@ -1,11 +1,20 @@
-"""RL algorithms as pure tensor functions: advantages, KL, losses. No model, no process groups."""
+"""RL algorithms as pure tensor functions, by concept: advantages/ (one estimator per file), losses/ (policy,
+value and supervised losses, loss aggregation), kl/ (estimators, coefficient controllers), scores/ (shaping and
+group filtering of per-sample scores), masked.py (masked reductions) and registry.py (`algorithm.name` -> the
+pieces). No model, no process groups."""
 
-from hybridflow.algorithms.advantage import Advantages
-from hybridflow.algorithms.build import AdvantageEstimator, build_advantage_estimator
-from hybridflow.algorithms.entropy import entropy_from_logits
-from hybridflow.algorithms.gae import GAE, gae_advantages
-from hybridflow.algorithms.grpo import GroupNormalized, group_normalized_scores
-from hybridflow.algorithms.kl import (
+from hybridflow.algorithms.advantages.base import Advantages
+from hybridflow.algorithms.advantages.gae import GAE, gae_advantages
+from hybridflow.algorithms.advantages.group_norm import GroupNormalized, group_normalized_scores
+from hybridflow.algorithms.advantages.reinforce_pp import ReinforcePP, ReinforcePPBaseline, discounted_returns
+from hybridflow.algorithms.advantages.rloo import LeaveOneOut, leave_one_out_scores
+from hybridflow.algorithms.kl.controller import (
+    AdaptiveKLController,
+    FixedKLController,
+    KLController,
+    build_kl_controller,
+)
+from hybridflow.algorithms.kl.estimators import (
     KL_ESTIMATORS,
     kl_estimator,
     kl_k1,
@@ -14,13 +23,8 @@ from hybridflow.algorithms.kl import (
     kl_penalized_rewards,
     last_token_scores,
 )
-from hybridflow.algorithms.kl_controller import (
-    AdaptiveKLController,
-    FixedKLController,
-    KLController,
-    build_kl_controller,
-)
-from hybridflow.algorithms.losses import (
+from hybridflow.algorithms.losses import loss_agg
+from hybridflow.algorithms.losses.actor_critic import (
     ActorLossConfig,
     CriticLossConfig,
     LossOutput,
@@ -29,27 +33,49 @@ from hybridflow.algorithms.losses import (
     sft_loss,
     token_means,
 )
-from hybridflow.algorithms.ppo_loss import ppo_policy_loss
-from hybridflow.algorithms.value_loss import clipped_value_loss
-from hybridflow.algorithms.whiten import masked_mean, masked_sum, masked_var, masked_whiten
+from hybridflow.algorithms.losses.entropy import entropy_from_logits
+from hybridflow.algorithms.losses.gspo_clip import SequenceClip, sequence_clip_loss
+from hybridflow.algorithms.losses.ppo_clip import TokenClip, ppo_policy_loss
+from hybridflow.algorithms.losses.value_clip import clipped_value_loss
+from hybridflow.algorithms.masked import masked_mean, masked_sum, masked_var, masked_whiten
+from hybridflow.algorithms.registry import (
+    ALGORITHM_BUILDERS,
+    AdvantageEstimator,
+    Algorithm,
+    PolicyLoss,
+    build_algorithm,
+)
+from hybridflow.algorithms.scores.group_filter import DropUniformGroups, varied_groups
+from hybridflow.algorithms.scores.overlong import OverlongPenalty, overlong_penalty
 
 __all__ = [
+    "ALGORITHM_BUILDERS",
+    "GAE",
     "KL_ESTIMATORS",
     "ActorLossConfig",
     "AdaptiveKLController",
     "AdvantageEstimator",
     "Advantages",
+    "Algorithm",
     "CriticLossConfig",
+    "DropUniformGroups",
     "FixedKLController",
-    "GAE",
     "GroupNormalized",
     "KLController",
+    "LeaveOneOut",
     "LossOutput",
+    "OverlongPenalty",
+    "PolicyLoss",
+    "ReinforcePP",
+    "ReinforcePPBaseline",
+    "SequenceClip",
+    "TokenClip",
     "actor_loss",
-    "build_advantage_estimator",
+    "build_algorithm",
     "build_kl_controller",
     "clipped_value_loss",
     "critic_loss",
+    "discounted_returns",
     "entropy_from_logits",
     "gae_advantages",
     "group_normalized_scores",
@@ -59,11 +85,16 @@ __all__ = [
     "kl_k3",
     "kl_penalized_rewards",
     "last_token_scores",
+    "leave_one_out_scores",
+    "loss_agg",
     "masked_mean",
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "overlong_penalty",
     "ppo_policy_loss",
+    "sequence_clip_loss",
     "sft_loss",
     "token_means",
+    "varied_groups",
 ]

@@ -1,4 +1,4 @@
-"""RL algorithm hyper-parameters (PPO, GRPO)."""
+"""RL algorithm hyper-parameters, and what each `algorithm.name` needs from the rest of the run."""
 
 from __future__ import annotations
 
@@ -6,11 +6,37 @@ from dataclasses import dataclass
 
 from hybridflow.config.bounds import bounded
 
-ALGORITHMS = ("ppo", "grpo")
 KL_CONTROLLERS = ("fixed", "adaptive")
-# hybridflow.algorithms.kl.KL_ESTIMATORS has exactly these keys (a test checks it; config imports nothing).
+# hybridflow.algorithms.kl.estimators.KL_ESTIMATORS has exactly these keys (a test checks it; config imports nothing).
 KL_ESTIMATOR_NAMES = ("k1", "k2", "k3")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+
+
+@dataclass(frozen=True)
+class AlgorithmNeeds:
+    """What an algorithm needs from the run, checked when the config loads (plan time)."""
+
+    critic: bool  # GAE over a critic's values; the critic-free ones refuse an enabled critic (it would idle)
+    groups: bool  # compares the n samples of a prompt: rollout.n_samples_per_prompt >= 2
+    loss_agg_modes: tuple[str, ...] = LOSS_AGG_MODES  # the aggregations the algorithm is defined with
+    shapes_overlong: bool = False  # reads algorithm.overlong_buffer
+
+
+# hybridflow.algorithms.registry builds exactly these names and agrees on `critic` (a test checks both).
+ALGORITHM_NEEDS = {
+    "ppo": AlgorithmNeeds(critic=True, groups=False),
+    "grpo": AlgorithmNeeds(critic=False, groups=True),
+    "rloo": AlgorithmNeeds(critic=False, groups=True),
+    "reinforce_pp": AlgorithmNeeds(critic=False, groups=False),
+    "reinforce_pp_baseline": AlgorithmNeeds(critic=False, groups=True),
+    # Dr. GRPO removes the per-response length normalisation: not seq-mean-token-mean.
+    "dr_grpo": AlgorithmNeeds(critic=False, groups=True, loss_agg_modes=("seq-mean-token-sum", "token-mean")),
+    # GSPO's loss is per sequence: its token copies are averaged within the sequence, then over sequences.
+    "gspo": AlgorithmNeeds(critic=False, groups=True, loss_agg_modes=("seq-mean-token-mean",)),
+    # DAPO's token-level loss: every token of the mini-batch weighs the same.
+    "dapo": AlgorithmNeeds(critic=False, groups=True, loss_agg_modes=("token-mean",), shapes_overlong=True),
+}
+ALGORITHMS = tuple(ALGORITHM_NEEDS)
 
 
 @dataclass
@@ -32,13 +58,18 @@ class AlgorithmConfig:
     kl_in_reward: bool = True  # True: KL penalty in the reward (PPO); False: KL loss term (GRPO style)
     kl_estimator: str = bounded("k1", choices=KL_ESTIMATOR_NAMES)  # per-token KL in the reward
     kl_loss_estimator: str = bounded("k3", choices=KL_ESTIMATOR_NAMES)  # per-token KL as a loss term
-    # GRPO: divide group-centred scores by the group's std (False: Dr. GRPO's centring only)
-    grpo_std_norm: bool = True
     entropy_coef: float = bounded(0.0, ge=0)
     whiten_advantages: bool = True
     ppo_epochs: int = bounded(1, ge=1)
-    # How token losses become the mini-batch's loss (hybridflow/algorithms/loss_agg.py); independent of the
+    # How token losses become the mini-batch's loss (hybridflow/algorithms/losses/loss_agg.py); independent of the
     # micro-batch size and DP in every mode.
     loss_agg_mode: str = bounded("token-mean", choices=LOSS_AGG_MODES)
+    # DAPO's over-long shaping: the last `overlong_buffer` tokens before rollout.max_new_tokens cost up to
+    # `overlong_penalty` reward, linearly (hybridflow/algorithms/scores/overlong.py); 0 = off.
+    overlong_buffer: int = bounded(0, ge=0)
+    overlong_penalty: float = bounded(1.0, ge=0)
+    # DAPO's dynamic sampling: at most this many more prompt batches are generated per step to replace the
+    # groups whose samples all scored the same (then the batch is topped up with such groups; metrics say so).
+    max_extra_draws: int = bounded(4, ge=0)
     # Samples (prompt x response) per optimizer step; must divide train_batch_size * n_samples_per_prompt.
     mini_batch_size: int = bounded(8, ge=1)

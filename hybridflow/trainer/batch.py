@@ -6,7 +6,7 @@ quantity is about token t (its log-prob, the value of the state before it, its r
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -47,6 +47,29 @@ class StepBatch:
         for name in names:
             out[name] = getattr(self, name)[rows]
         return out
+
+    def select(self, rows: torch.Tensor) -> StepBatch:
+        """The samples at the boolean or index tensor `rows` (every set field, same order)."""
+        index = rows.nonzero()[:, 0] if rows.dtype == torch.bool else rows
+        picked = {f.name: getattr(self, f.name)[index] for f in fields(self)
+                  if f.name != "rows" and getattr(self, f.name) is not None}
+        return StepBatch(rows=[self.rows[i] for i in index.tolist()], **picked)
+
+
+def concat_batches(batches: list[StepBatch]) -> StepBatch:
+    """One batch of the samples of `batches`, in order. Token tensors of different widths (each batch was
+    trimmed to its own longest sample) are right-padded with 0 to the widest: the columns added lie after
+    every sample's end, where the response mask is 0 and a causal model's outputs are never read."""
+    width = max(b.tokens.shape[1] for b in batches)
+    out: dict[str, Any] = {"rows": [row for b in batches for row in b.rows]}
+    for f in fields(StepBatch):
+        parts = [getattr(b, f.name) for b in batches]
+        if f.name == "rows" or parts[0] is None:
+            continue
+        if parts[0].dim() == 2:
+            parts = [pad_columns(p, width, 0) for p in parts]
+        out[f.name] = torch.cat(parts)
+    return StepBatch(**out)
 
 
 def pad_columns(x: torch.Tensor, total_len: int, value: float) -> torch.Tensor:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from hybridflow.algorithms import build_advantage_estimator, build_kl_controller
+from hybridflow.algorithms import build_algorithm, build_kl_controller
 from hybridflow.config import ExperimentConfig
 from hybridflow.data import load_prompt_dataset, load_tokenizer
 from hybridflow.errors import UserError
@@ -110,9 +110,7 @@ def build_run(cfg: ExperimentConfig, plan: Plan, work_dir: Path) -> BuiltRun:
         cfg=cfg, roles=roles, meshes=meshes, rollout=rollout,
         scorer=build_scorer(cfg, tokenizer, roles.get("reward"), meshes.get("reward"), device),
         kl_ctl=build_kl_controller(alg.kl_controller, alg.kl_coef, alg.kl_target, alg.kl_horizon),
-        estimator=build_advantage_estimator(alg.name, gamma=alg.gamma, lam=alg.lam, whiten=alg.whiten_advantages,
-                                            group_size=cfg.rollout.n_samples_per_prompt,
-                                            scale_by_std=alg.grpo_std_norm),
+        algorithm=build_algorithm(cfg),
         device=device,
     )
     dataset = load_prompt_dataset(cfg.data.source, cfg.data.prompt_key, seed=cfg.trainer.seed)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import torch.distributed as dist
@@ -84,7 +85,8 @@ def train(cfg: ExperimentConfig, plan: Plan) -> dict[str, float]:
         log.log(start, validator.run(trainer), phase="val")
     metrics: dict[str, float] = {}
     for step in range(start, cfg.trainer.total_steps):
-        metrics = trainer.step(next_step_batch(loader, tokenizer, cfg))
+        draw = partial(next_step_batch, loader, tokenizer, cfg)  # a batch filter may draw more prompts
+        metrics = trainer.step(draw(), draw)
         log.log(step + 1, metrics)
         if validator is not None and validator.due(step + 1):
             log.log(step + 1, validator.run(trainer), phase="val")

@@ -1,12 +1,13 @@
-"""The RL step, top to bottom: generate -> reward -> ref -> values -> advantages -> update critic ->
-update actor -> sync weights to the rollout. Every rank runs it; each stage runs on the ranks of its role
-and ends with its results shared to every rank (`share`), so roles on disjoint ranks work concurrently.
+"""The RL step, top to bottom: generate -> reward -> [batch filter: drop groups, generate more] -> ref ->
+values -> advantages -> update critic -> update actor -> sync weights to the rollout. Every rank runs it; each
+stage runs on the ranks of its role and ends with its results shared to every rank (`share`), so roles on
+disjoint ranks work concurrently.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -15,6 +16,7 @@ import torch.distributed as dist
 
 from hybridflow.algorithms import (
     ActorLossConfig,
+    Algorithm,
     CriticLossConfig,
     actor_loss,
     critic_loss,
@@ -29,6 +31,7 @@ from hybridflow.config import ExperimentConfig
 from hybridflow.roles.exchange import share_from_role
 from hybridflow.roles.model_role import ModelRole, per_token_logprobs, per_token_values
 from hybridflow.trainer.batch import StepBatch
+from hybridflow.trainer.dynamic_sampling import fill_batch
 from hybridflow.trainer.rewarding import Scorer
 from megatron_adapters.cpu_backend import compute_device
 
@@ -65,17 +68,22 @@ class RLTrainer:
     rollout: object  # hybridflow.roles.rollout_role.RolloutRole
     scorer: Scorer
     kl_ctl: object
-    estimator: object
+    algorithm: Algorithm
     device: torch.device
 
     # ---- one step -------------------------------------------------------------------------------
-    def step(self, batch: StepBatch) -> dict[str, float]:
+    def step(self, batch: StepBatch, draw: Callable[[], StepBatch] | None = None) -> dict[str, float]:
+        """One RL step on `batch`'s prompts; `draw` gives the next prompts when a batch filter wants more."""
         timer = StageTimer()
+        metrics: dict[str, float] = {}
         with timer("generate"):
-            self.rollout.generate(batch)
-            batch.trim_columns(TRIM_MULTIPLE, self.cfg.data.seq_length)
+            self._generate(batch)
         with timer("reward"):
             scores = self.scorer.local(batch)
+        if self.algorithm.group_filter is not None:
+            with timer("dynamic_sampling"):
+                batch, sampling = self._filled(batch, scores, draw)
+            metrics |= sampling
         temperature = self.cfg.rollout.temperature or 1.0
         with timer("ref"):
             ref = self._infer("ref", batch, lambda r: per_token_logprobs(r, temperature))
@@ -84,17 +92,16 @@ class RLTrainer:
         with timer("old_logprobs"):
             old = self._infer("actor", batch, lambda r: per_token_logprobs(r, temperature))
         with timer("exchange"):
-            batch.scores = self.scorer.share(scores, batch)
+            if batch.scores is None:  # already shared when a batch filter needed them
+                batch.scores = self.scorer.share(scores, batch)
             batch.old_logprobs = self.share("actor", old, batch)
             batch.ref_logprobs = self.share("ref", ref, batch) if "ref" in self.meshes else None
             batch.values = self.share("critic", values, batch) if "critic" in self.meshes else None
         parity = self.parity(batch)
         with timer("advantages"):
             kl = self.assign_rewards(batch)
-            adv = self.estimator(batch.token_rewards, batch.response_mask, batch.values) \
-                if batch.values is not None else self.estimator(batch.token_rewards, batch.response_mask)
+            adv = self.algorithm.estimator(batch.token_rewards, batch.response_mask, batch.values)
             batch.advantages, batch.returns = adv.advantages, adv.returns
-        metrics: dict[str, float] = {}
         with timer("update_critic"):
             if "critic" in self.roles:
                 metrics |= self._update("critic", batch, self._critic_loss, ("values", "returns"))
@@ -113,6 +120,27 @@ class RLTrainer:
         return "ref" in self.meshes and not self.cfg.algorithm.kl_in_reward and self.cfg.algorithm.kl_coef > 0
 
     # ---- stages ---------------------------------------------------------------------------------
+    def _generate(self, batch: StepBatch) -> None:
+        self.rollout.generate(batch)
+        batch.trim_columns(TRIM_MULTIPLE, self.cfg.data.seq_length)
+
+    def _filled(self, batch: StepBatch, scores: torch.Tensor | None,
+                draw: Callable[[], StepBatch] | None) -> tuple[StepBatch, dict[str, float]]:
+        """The generated, scored batch with the filter's dropped groups replaced by newly drawn ones
+        (trainer/dynamic_sampling.py). The filter needs every score on every rank, so the scores are
+        shared here rather than after the other roles' inference."""
+        if draw is None:
+            raise ValueError("RLTrainer.step: a batch filter needs `draw` to fetch more prompts")
+
+        def generated_and_scored() -> StepBatch:
+            more = draw()
+            self._generate(more)
+            more.scores = self.scorer.share(self.scorer.local(more), more)
+            return more
+
+        batch.scores = self.scorer.share(scores, batch)
+        return fill_batch(batch, generated_and_scored, self.algorithm.group_filter)
+
     def _infer(self, role: str, batch: StepBatch, per_token) -> torch.Tensor | None:
         if role not in self.roles:
             return None
@@ -140,15 +168,17 @@ class RLTrainer:
     def assign_rewards(self, batch: StepBatch) -> float:
         """Token rewards from the scores (and the KL penalty when it lives in the reward); returns mean KL."""
         mask = batch.response_mask
+        shaping = self.algorithm.shaping
+        scores = batch.scores if shaping is None else shaping(batch.scores, mask)  # metrics keep the raw ones
         if batch.ref_logprobs is None:
-            batch.token_rewards = last_token_scores(batch.scores, mask)
+            batch.token_rewards = last_token_scores(scores, mask)
             return 0.0
         if self.cfg.algorithm.kl_in_reward:
             batch.token_rewards, kl = kl_penalized_rewards(
-                batch.scores, batch.old_logprobs, batch.ref_logprobs, mask, self.kl_ctl.value,
+                scores, batch.old_logprobs, batch.ref_logprobs, mask, self.kl_ctl.value,
                 kl_estimator(self.cfg.algorithm.kl_estimator))
         else:
-            batch.token_rewards = last_token_scores(batch.scores, mask)
+            batch.token_rewards = last_token_scores(scores, mask)
             kl = batch.old_logprobs - batch.ref_logprobs
         return float(masked_mean(kl, mask))
 
@@ -168,9 +198,9 @@ class RLTrainer:
 
     def _actor_loss(self, temperature: float):
         alg, actor = self.cfg.algorithm, self.roles["actor"]
-        cfg = ActorLossConfig(clip_low=alg.cliprange, clip_high=alg.clip_high, entropy_coef=alg.entropy_coef,
+        cfg = ActorLossConfig(policy=self.algorithm.policy_loss, entropy_coef=alg.entropy_coef,
                               kl_loss_coef=alg.kl_coef if self._kl_loss else 0.0,
-                              kl_loss_estimator=alg.kl_loss_estimator, clip_ratio_c=alg.clip_ratio_c)
+                              kl_loss_estimator=alg.kl_loss_estimator)
 
         def fn(logits, mb, scale):
             logp, ent = actor.logprobs(logits, mb["input_ids"], temperature, with_entropy=True)

@@ -26,11 +26,12 @@ def test_required_experiments_are_shipped():
         "tiny_cpu",
         "ppo_llama_1b_h200",
         "grpo_tiny_cpu",
+        *(f"{name}_tiny_cpu" for name in ("rloo", "reinforce_pp", "reinforce_pp_baseline", "dr_grpo", "gspo", "dapo")),
     }
     assert required <= set(EXPERIMENTS)
     for group, names in {
         "model": {"llama3_8b", "llama3_70b", "qwen2_7b", "tiny_llama"},
-        "algorithm": {"ppo", "grpo"},
+        "algorithm": {"ppo", "grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "dr_grpo", "gspo", "dapo"},
         "cluster": {"cpu", "1node_8gpu", "2node_8gpu", "1node_4gpu"},
         "placement": {"colocated", "split", "hybrid_2node"},
         "rollout": {"vllm", "megatron"},
@@ -109,7 +110,7 @@ def test_group_selection_and_named_submodels():
             ["model.architecture=GPT2LMHeadModel"],
             r"^model\.architecture: .GPT2LMHeadModel. is unknown; use one of LlamaForCausalLM",
         ),
-        (["roles.critic.enabled=false"], r"^roles\.critic\.enabled: PPO needs a critic"),
+        (["roles.critic.enabled=false"], r"^roles\.critic\.enabled: ppo needs a critic"),
         (["reward.use_model=true"], r"^roles\.reward\.enabled: is False but reward\.use_model is True"),
         (["data.seq_length=8"], r"^data\.seq_length: 8 < max_prompt_length"),
         (["algorithm.mini_batch_size=3"], r"^algorithm\.mini_batch_size: 3 does not divide the 32 samples"),
@@ -128,9 +129,9 @@ def test_unknown_experiment():
 
 
 def test_grpo_rejects_critic_and_single_samples():
-    with pytest.raises(UserError, match=r"^roles\.critic\.enabled: GRPO uses no critic"):
+    with pytest.raises(UserError, match=r"^roles\.critic\.enabled: grpo uses no critic"):
         load_experiment("grpo_tiny_cpu", ["roles.critic.enabled=true"])
-    with pytest.raises(UserError, match=r"^rollout\.n_samples_per_prompt: GRPO"):
+    with pytest.raises(UserError, match=r"^rollout\.n_samples_per_prompt: grpo compares the samples"):
         load_experiment("grpo_tiny_cpu", ["rollout.n_samples_per_prompt=1", "algorithm.mini_batch_size=4"])
 
 

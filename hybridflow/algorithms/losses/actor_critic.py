@@ -9,15 +9,16 @@ the sums of many micro-batches into means.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
 
-from hybridflow.algorithms.kl import kl_estimator, kl_k3
-from hybridflow.algorithms.ppo_loss import ppo_policy_loss
-from hybridflow.algorithms.value_loss import clipped_value_loss
-from hybridflow.algorithms.whiten import masked_sum
+from hybridflow.algorithms.kl.estimators import kl_estimator, kl_k3
+from hybridflow.algorithms.losses.gspo_clip import SequenceClip
+from hybridflow.algorithms.losses.ppo_clip import TokenClip
+from hybridflow.algorithms.losses.value_clip import clipped_value_loss
+from hybridflow.algorithms.masked import masked_sum
 
 
 class LossOutput(NamedTuple):
@@ -30,14 +31,13 @@ class LossOutput(NamedTuple):
 
 @dataclass(frozen=True)
 class ActorLossConfig:
-    """PPO/GRPO actor loss: clipped surrogate - entropy bonus + optional KL-to-reference loss term."""
+    """Actor loss: a clipped surrogate (per token, or per sequence for GSPO) - entropy bonus + optional
+    KL-to-reference loss term."""
 
-    clip_low: float = 0.2
-    clip_high: float | None = None  # None: symmetric clip (= clip_low)
+    policy: TokenClip | SequenceClip = field(default_factory=TokenClip)
     entropy_coef: float = 0.0
     kl_loss_coef: float = 0.0  # > 0: KL to the reference as a loss term (GRPO style) instead of in the reward
     kl_loss_estimator: str = "k3"
-    clip_ratio_c: float | None = None  # dual clip for negative advantages; None: off
 
 
 @dataclass(frozen=True)
@@ -62,9 +62,7 @@ def actor_loss(
     """Actor loss over [B, T] token tensors; `entropy` is needed when entropy_coef > 0, `ref_logprobs` when
     kl_loss_coef > 0."""
     mask = mask.to(logprobs.dtype)
-    clip_high = cfg.clip_low if cfg.clip_high is None else cfg.clip_high
-    pg_loss, clipped = ppo_policy_loss(logprobs, old_logprobs, advantages, cfg.clip_low, clip_high,
-                                       cfg.clip_ratio_c)
+    pg_loss, clipped = cfg.policy(logprobs, old_logprobs, advantages, mask)
     loss = pg_loss
     # KL(old || new) from tokens sampled by old: how far this update has moved the policy.
     terms = {"pg_loss": pg_loss, "clipfrac": clipped.float(), "approx_kl": kl_k3(old_logprobs, logprobs)}

@@ -1,4 +1,4 @@
-"""What every advantage estimator returns (GAE in gae.py, group-normalised in grpo.py)."""
+"""What every advantage estimator returns (one file per estimator in this folder)."""
 
 from __future__ import annotations
 

@@ -11,6 +11,7 @@ from hybridflow.algorithms import (
     sft_loss,
     token_means,
 )
+from hybridflow.algorithms.losses.ppo_clip import TokenClip
 
 
 def _batch(seed=0, b=3, t=5):
@@ -24,7 +25,7 @@ def _batch(seed=0, b=3, t=5):
 
 def test_actor_loss_is_token_mean_of_clipped_surrogate():
     new, old, adv, mask = _batch()
-    out = actor_loss(new, old, adv, mask, ActorLossConfig(clip_low=0.2))
+    out = actor_loss(new, old, adv, mask, ActorLossConfig(TokenClip(0.2)))
     assert out[:3] == (out.loss_sum, out.num_tokens, out.metrics)  # megatron's (loss, num_tokens, reduced)
     torch.testing.assert_close(out.token_loss.sum(), out.loss_sum)  # loss_agg's input: masked per-token loss
     ratio = torch.exp(new - old)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hybridflow.algorithms.advantage import Advantages
+from hybridflow.algorithms.advantages.base import Advantages
 from hybridflow.errors import UserError
 
 

@@ -57,7 +57,7 @@ def test_kl_penalized_rewards_by_hand():
 
 
 def test_k3_is_clamped_where_the_reference_is_far_more_likely():
-    from hybridflow.algorithms.kl import K3_MAX
+    from hybridflow.algorithms.kl.estimators import K3_MAX
 
     lp, ref = torch.tensor([-30.0, math.log(0.5)]), torch.tensor([0.0, math.log(0.25)])
     got = kl_k3(lp, ref)
@@ -66,7 +66,7 @@ def test_k3_is_clamped_where_the_reference_is_far_more_likely():
 
 
 def test_config_choices_are_the_estimators():
-    from hybridflow.algorithms.kl import KL_ESTIMATORS
+    from hybridflow.algorithms.kl.estimators import KL_ESTIMATORS
     from hybridflow.config.algorithm import KL_ESTIMATOR_NAMES
 
     assert tuple(sorted(KL_ESTIMATORS)) == KL_ESTIMATOR_NAMES

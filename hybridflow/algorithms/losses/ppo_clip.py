@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 
@@ -26,3 +28,21 @@ def ppo_policy_loss(
     if clip_ratio_c is not None:
         loss = torch.where(advantages < 0, torch.minimum(loss, -advantages * clip_ratio_c), loss)
     return loss, clipped > unclipped
+
+
+@dataclass(frozen=True)
+class TokenClip:
+    """PPO's per-token clipped surrogate as a policy-loss object (GSPO's sequence variant: gspo_clip.py).
+
+    `clip_high` None: symmetric (= clip_low); DAPO's clip-higher sets it above clip_low.
+    """
+
+    clip_low: float = 0.2
+    clip_high: float | None = None
+    clip_ratio_c: float | None = None
+
+    def __call__(
+        self, logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        clip_high = self.clip_low if self.clip_high is None else self.clip_high
+        return ppo_policy_loss(logprobs, old_logprobs, advantages, self.clip_low, clip_high, self.clip_ratio_c)

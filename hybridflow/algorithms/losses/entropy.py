@@ -1,5 +1,5 @@
 """Token entropy from full-vocabulary logits: the single-device reference for the model side's
-vocab-parallel entropy (which the entropy bonus in losses.py consumes)."""
+vocab-parallel entropy (which the entropy bonus in actor_critic.py consumes)."""
 
 from __future__ import annotations
 

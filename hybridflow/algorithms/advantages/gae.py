@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from hybridflow.algorithms.advantage import Advantages
-from hybridflow.algorithms.whiten import masked_whiten
+from hybridflow.algorithms.advantages.base import Advantages
+from hybridflow.algorithms.masked import masked_whiten
 
 
 def gae_advantages(

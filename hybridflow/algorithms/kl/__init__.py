@@ -1,0 +1,1 @@
+"""KL to the reference: per-token estimators and the coefficient's controllers."""

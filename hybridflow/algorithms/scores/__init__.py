@@ -1,0 +1,1 @@
+"""What happens to the per-sample scores before advantages: shaping them, filtering groups by them."""
