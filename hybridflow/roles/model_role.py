@@ -110,7 +110,8 @@ class ModelRole:
         With a token budget and the rows' true lengths (`seq_lens`), micro-batches are packed (see
         hybridflow.data.packing); every replica of the role then runs as many micro-batches as the one that
         packs the most (a DP all-reduce of the count; the others add empty micro-batches), so each mini-batch
-        is one schedule call of equal length on every replica and pipeline stage.
+        is one schedule call of equal length on every replica and pipeline stage. Tensors without
+        `seq_lens` (the supervised warm-up's) keep fixed-size micro-batches.
         """
         device = compute_device()
         if self.max_tokens_per_micro_batch and "seq_lens" in tensors:
