@@ -18,8 +18,6 @@ from collections.abc import Sequence
 
 import torch
 
-PACKING_KEYS = ("cu_seqlens", "position_ids", "segment_ids", "rows")
-
 
 def pack_by_token_budget(lengths: Sequence[int], budget: int) -> list[list[int]]:
     """Row indices per micro-batch, each micro-batch's lengths summing to at most `budget`.
@@ -68,13 +66,15 @@ def pack_rows(tensors: dict[str, torch.Tensor], seq_lens: torch.Tensor, rows: Se
     return out
 
 
-def empty_micro_batch(tensors: dict[str, torch.Tensor], seq_lens: torch.Tensor, pad_to: int = 1) -> dict:
+def empty_micro_batch(tensors: dict[str, torch.Tensor], seq_lens: torch.Tensor,
+                      pad_to: int = 1) -> dict[str, torch.Tensor]:
     """A micro-batch with no rows (a padding segment only): its loss and outputs are empty, its gradient
     zero. Replicas that pack fewer micro-batches than others run these so every replica runs as many."""
     return pack_rows(tensors, seq_lens, [], pad_to)
 
 
 def is_packed(micro_batch: dict[str, torch.Tensor]) -> bool:
+    """Whether a micro-batch is in the packed layout (else `[rows, T]` right-padded)."""
     return "cu_seqlens" in micro_batch
 
 
