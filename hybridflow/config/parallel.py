@@ -33,8 +33,9 @@ class RoleConfig:
     enabled: bool = True
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     micro_batch_size: int | None = bounded(1, ge=1)  # None (ref's default): the actor's
-    # Sequence packing: micro-batches hold whole samples up to this many tokens (no padding) instead of
-    # `micro_batch_size` rows. 0 = off. None = off, except ref's default: the actor's value.
+    # Sequence packing (model roles; the rollout ignores it): micro-batches hold whole samples up to this many
+    # tokens (no padding) instead of `micro_batch_size` rows. 0 = off. None = off, except ref's default:
+    # the actor's value.
     max_tokens_per_micro_batch: int | None = bounded(None, ge=0)
     offload_optimizer: bool = False
     # "none" | "selective" (attention core recomputed, Korthikanti et al.) | "full" (whole layer)
