@@ -3,7 +3,13 @@
 For each placement of `--placements` the experiment runs as its own `python -m hybridflow.run` (a free
 rendezvous port each), the first `--warmup-steps` RL steps are dropped and `--steps` are timed. Written to
 `--out`: <placement>.json per run, summary.json, table.md (placements compared, the cost model's prediction
-next to each measurement) and stage_times.png. `--simulate` runs nothing: it predicts the same table with
+next to each measurement, actor-update MFU and step time) and stage_times.png. `--variant NAME:OVERRIDES`
+(repeatable) runs each placement once per variant, e.g. sequence packing off and on:
+
+    python -m benchmarks.throughput +experiment=ppo_llama_1b_h200 --placements colocated \
+        --variant padded: --variant "packed:roles.actor.max_tokens_per_micro_batch=8192 \
+        roles.critic.max_tokens_per_micro_batch=8192"
+ `--simulate` runs nothing: it predicts the same table with
 the auto planner's cost model, and adds HybridFlow's evaluation setups (16-128 GPUs, 7B-70B) in
 simulated.md / simulated.json.
 """
@@ -37,35 +43,56 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, str, list[str]]:
     parser.add_argument("--simulate-sizes", default=",".join(SIZES), help="model sizes of the simulated grid")
     parser.add_argument("--simulate-gpus", default=",".join(map(str, GPU_COUNTS)), help="GPU counts of the grid")
     parser.add_argument("--run-timeout", type=float, default=1800.0, help="seconds one run may take")
+    parser.add_argument("--variant", action="append", default=[], metavar="NAME:OVERRIDES",
+                        help="run every placement once per variant, with the variant's space-separated overrides "
+                             "on top of the others (repeatable), e.g. --variant padded: --variant "
+                             "'packed:roles.actor.max_tokens_per_micro_batch=8192'; rows are 'placement (NAME)'")
     args, rest = parser.parse_known_args(argv)
     unknown = [a for a in rest if a.startswith("--")]
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.steps < 1 or args.warmup_steps < 0:
         parser.error("--steps must be >= 1 and --warmup-steps >= 0")
+    if any(":" not in v or not v.partition(":")[0] for v in args.variant):
+        parser.error("--variant takes NAME:OVERRIDES (overrides may be empty: 'padded:')")
     experiment, overrides = split_argv(rest)
     return args, experiment, overrides
+
+
+def variants(specs: list[str]) -> list[tuple[str, list[str]]]:
+    """(name, overrides) per `--variant NAME:OVERRIDES`; one unnamed variant without overrides when none."""
+    if not specs:
+        return [("", [])]
+    return [(name, overrides.split()) for name, _, overrides in (v.partition(":") for v in specs)]
 
 
 def main(argv: list[str] | None = None) -> int:
     with cli_errors():
         args, experiment, overrides = parse_args(sys.argv[1:] if argv is None else argv)
         kept, dropped = user_overrides(overrides)
-        load_experiment(experiment, kept)  # a bad key fails here, once, before any placement
+        cases = [(name, user_overrides(extra)) for name, extra in variants(args.variant)]
+        dropped += [d for _, (_, variant_dropped) in cases for d in variant_dropped]
+        for _, (extra, _) in cases:  # a bad key fails here, once, before any placement
+            load_experiment(experiment, kept + extra)
         if dropped:
             print(f"note: the harness sets {', '.join(dropped)} itself; ignored", file=sys.stderr)
         meta = provenance()
         stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d_%H%M%S")
         out = args.out or REPO_ROOT / "benchmarks" / "results" / f"throughput_{experiment}_{stamp}"
         out.mkdir(parents=True, exist_ok=True)
-        sweep = Sweep(experiment, tuple(kept), args.warmup_steps, args.steps, out, args.run_timeout)
         runs = []
         for placement in [p.strip() for p in args.placements.split(",") if p.strip()]:
-            print(f"[benchmark] {experiment} placement={placement} ...", file=sys.stderr, flush=True)
-            run = {**run_placement(sweep, placement, args.simulate), **meta, "overrides": kept}
-            (out / f"{placement.replace(':', '_')}.json").write_text(json.dumps(run, indent=2))
-            print(f"[benchmark] {placement}: {run['status']} {run.get('reason', '')}", file=sys.stderr, flush=True)
-            runs.append(run)
+            for name, (extra, _) in cases:
+                label = f"{placement} ({name})" if name else placement
+                sweep = Sweep(experiment, (*kept, *extra), args.warmup_steps, args.steps,
+                              out / name if name else out, args.run_timeout)
+                print(f"[benchmark] {experiment} placement={label} ...", file=sys.stderr, flush=True)
+                run = {**run_placement(sweep, placement, args.simulate), **meta, "overrides": [*kept, *extra]}
+                run |= {"placement": label, "variant": name} if name else {}
+                stem = placement.replace(":", "_") + (f"_{name}" if name else "")
+                (out / f"{stem}.json").write_text(json.dumps(run, indent=2))
+                print(f"[benchmark] {label}: {run['status']} {run.get('reason', '')}", file=sys.stderr, flush=True)
+                runs.append(run)
         title = f"# throughput: {experiment} ({meta['device']}, {meta['date']}, commit {meta['commit']})\n\n"
         table = title + measured_table(runs) + "\nstage seconds (mean per timed step):\n\n" + stage_table(runs)
         if args.simulate:

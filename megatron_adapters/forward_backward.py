@@ -13,11 +13,13 @@ the whole role batch. `loss_fn` should therefore return a per-micro-batch *mean*
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
 from megatron.core.process_groups_config import ProcessGroupCollection
@@ -32,16 +34,27 @@ LossFn = Callable[[torch.Tensor, MicroBatch], tuple[torch.Tensor, Metrics]]
 
 
 def default_model_inputs(batch: MicroBatch) -> dict[str, Any]:
-    """GPTModel keyword arguments from a micro-batch with `input_ids` and optional positions / mask."""
+    """GPTModel keyword arguments from a micro-batch with `input_ids` and optional positions / mask.
+
+    A packed micro-batch (`input_ids` `[1, N]` with `cu_seqlens`, see hybridflow.data.packing) runs in
+    megatron's "thd" layout: `PackedSeqParams` make attention causal inside each sequence and rotary
+    positions restart per sequence; there is no attention mask.
+    """
     input_ids = batch["input_ids"]
     position_ids = batch.get("position_ids")
     if position_ids is None:
         position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
-    return {
-        "input_ids": input_ids,
-        "position_ids": position_ids,
-        "attention_mask": batch.get("attention_mask"),
-    }
+    inputs = {"input_ids": input_ids, "position_ids": position_ids, "attention_mask": batch.get("attention_mask")}
+    if "cu_seqlens" in batch:
+        inputs["packed_seq_params"] = packed_seq_params(batch["cu_seqlens"])
+    return inputs
+
+
+def packed_seq_params(cu_seqlens: torch.Tensor) -> PackedSeqParams:
+    """megatron's "thd" parameters for self-attention over sequences at int32 offsets `cu_seqlens`."""
+    longest = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+    return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu_seqlens, cu_seqlens_kv=cu_seqlens,
+                           max_seqlen_q=longest, max_seqlen_kv=longest)
 
 
 def run_forward_backward(
@@ -60,8 +73,9 @@ def run_forward_backward(
         model_chunks: this rank's model chunks of the role (one, or several for interleaved PP; DDP-wrapped
             for training). Gradients accumulate into their grad buffers; the caller steps the optimizer.
         pg_collection: the role's groups from `process_groups.build_role_groups`.
-        micro_batches: this data-parallel replica's micro-batches, the same on every TP/PP rank of it, all
-            of one shape `[micro_batch_size, seq_length]` in `input_ids`.
+        micro_batches: this data-parallel replica's micro-batches, the same on every TP/PP rank of it, in
+            `input_ids` of one shape `[micro_batch_size, seq_length]`, or packed (`[1, N_i]`, N_i varying;
+            pipeline stages then exchange each activation's shape, megatron's `variable_seq_lengths`).
         loss_fn: called on the last pipeline stage with the model output (`[b, s, vocab/tp]` logits for an
             LM head) and the micro-batch; returns the scalar loss and a dict of detached tensors.
         forward_only: no backward, run under `torch.no_grad()` (inference for ref/critic/reward).
@@ -77,6 +91,7 @@ def run_forward_backward(
     chunks = list(model_chunks)
     config = get_model_config(chunks[0])
     micro_batch_size, seq_length = micro_batches[0]["input_ids"].shape[:2]
+    shapes = {tuple(mb["input_ids"].shape[:2]) for mb in micro_batches}
 
     def forward_step(data_iterator, model):
         batch = next(data_iterator)
@@ -93,7 +108,7 @@ def run_forward_backward(
     schedule = get_forward_backward_func(
         pp_size=pg_collection.pp.size(), vp_size=len(chunks) if len(chunks) > 1 else None
     )
-    with torch.no_grad() if forward_only else torch.enable_grad():
+    with torch.no_grad() if forward_only else torch.enable_grad(), _variable_seq_lengths(config, len(shapes) > 1):
         metrics = schedule(
             forward_step_func=forward_step,
             data_iterator=data_iterator,
@@ -108,6 +123,18 @@ def run_forward_backward(
     if broadcast_metrics and pg_collection.pp.size() > 1:
         metrics = broadcast_from_last_stage(metrics, pg_collection.pp)
     return list(metrics)
+
+
+@contextmanager
+def _variable_seq_lengths(config, on: bool) -> Iterator[None]:
+    """Turn on megatron's per-message shape exchange between pipeline stages while shapes vary (the
+    schedule otherwise sizes every receive buffer from `seq_length` x `micro_batch_size`)."""
+    saved = config.variable_seq_lengths
+    config.variable_seq_lengths = saved or on
+    try:
+        yield
+    finally:
+        config.variable_seq_lengths = saved
 
 
 def broadcast_from_last_stage(metrics: list[Metrics], pp_group: dist.ProcessGroup) -> list[Metrics]:

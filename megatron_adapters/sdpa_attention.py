@@ -1,5 +1,8 @@
 """Core attention through PyTorch's fused ``scaled_dot_product_attention``, behind megatron's interface.
 
+Packed sequences (``PackedSeqParams``, "thd"): PyTorch's ``torch.nn.attention.varlen.varlen_attn`` (flash
+varlen) on CUDA in fp16/bf16, else SDPA with a block-diagonal causal mask.
+
 The "sdpa" layer spec's core attention (``megatron_adapters.specs``) and the base of the "decode" spec's
 KV-cache attention (``megatron_adapters.decode_cache``); its own module so both import it and neither
 imports the other.
@@ -11,9 +14,15 @@ import math
 
 import torch
 import torch.nn.functional as F
+from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
+
+try:  # torch >= 2.10
+    from torch.nn.attention.varlen import varlen_attn
+except ImportError:  # older torch: packed sequences take the masked SDPA
+    varlen_attn = None
 
 
 class SdpaCoreAttention(MegatronModule):
@@ -72,11 +81,12 @@ class SdpaCoreAttention(MegatronModule):
         attention_bias: torch.Tensor | None = None,
         packed_seq_params=None,
     ) -> torch.Tensor:
-        """Attention over ``[s, b, h, d]`` tensors; returns ``[sq, b, h * d]``."""
-        if packed_seq_params is not None or attention_bias is not None:
-            raise ValueError(
-                "SdpaCoreAttention supports neither packed sequences nor attention bias; use spec='te'"
-            )
+        """Attention over ``[s, b, h, d]`` tensors; returns ``[sq, b, h * d]`` (packed: ``[t, h, d]`` in,
+        ``[t, h * d]`` out, megatron's "thd" convention)."""
+        if attention_bias is not None:
+            raise ValueError("SdpaCoreAttention has no attention bias; use spec='te'")
+        if packed_seq_params is not None:
+            return self._packed(query, key, value, packed_seq_params)
         sq, b = query.shape[0], query.shape[1]
         sk = key.shape[0]
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, h, s, d]
@@ -102,3 +112,40 @@ class SdpaCoreAttention(MegatronModule):
             enable_gqa=self.heads_per_partition != self.groups_per_partition,
         )
         return out.permute(2, 0, 1, 3).reshape(sq, b, self.heads_per_partition * q.shape[-1])
+
+    def _packed(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                params: PackedSeqParams) -> torch.Tensor:
+        """Causal attention inside each packed sequence of ``[t, h, d]`` inputs (rotary already applied by
+        megatron per sequence); no token sees another sequence."""
+        if params.qkv_format != "thd" or self.attn_mask_type != AttnMaskType.causal:
+            raise ValueError("packed_seq_params: SdpaCoreAttention packs causal self-attention in 'thd' only")
+        if _use_varlen(query) and not (self.training and self.dropout_p > 0):
+            out = varlen_attn(
+                query, key, value, params.cu_seqlens_q, params.cu_seqlens_kv, params.max_seqlen_q,
+                params.max_seqlen_kv, scale=self.softmax_scale,
+                window_size=(-1 if self.window_left is None else self.window_left, 0),
+                enable_gqa=self.heads_per_partition != self.groups_per_partition,
+            )
+            return out.reshape(out.shape[0], -1)
+        q, k, v = (t.permute(1, 0, 2).unsqueeze(0) for t in (query, key, value))  # [1, h, t, d]
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=self._block_causal_mask(params.cu_seqlens_q, query.shape[0]),
+            dropout_p=self.dropout_p if self.training else 0.0, scale=self.softmax_scale,
+            enable_gqa=self.heads_per_partition != self.groups_per_partition,
+        )
+        return out[0].permute(1, 0, 2).reshape(query.shape[0], -1)
+
+    def _block_causal_mask(self, cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
+        """``[t, t]`` "may attend": same sequence, key not after the query (and inside the window)."""
+        lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
+        segment = torch.repeat_interleave(torch.arange(lengths.numel(), device=cu_seqlens.device), lengths)
+        position = torch.arange(total, device=cu_seqlens.device) - cu_seqlens[:-1].long()[segment]
+        allowed = (segment[:, None] == segment[None, :]) & (position[None, :] <= position[:, None])
+        if self.window_left is not None:
+            allowed &= position[:, None] - position[None, :] <= self.window_left
+        return allowed
+
+
+def _use_varlen(query: torch.Tensor) -> bool:
+    """PyTorch's flash varlen kernel: CUDA, half precision (the masked SDPA covers everything else)."""
+    return varlen_attn is not None and query.is_cuda and query.dtype in (torch.float16, torch.bfloat16)

@@ -9,7 +9,8 @@ implementation, by name, from a registry:
   small module with megatron's core-attention interface that calls PyTorch's fused
   ``scaled_dot_product_attention`` (flash / memory-efficient kernels on GPU, the math kernel on CPU).
   This is the default without Transformer Engine, and the spec the CPU tests use: it matches HF
-  transformers' logits to float rounding, so no separate "plain" spec is needed on CPU.
+  transformers' logits to float rounding, so no separate "plain" spec is needed on CPU. Packed sequences
+  (``PackedSeqParams``, "thd") are handled there too (``megatron_adapters.sdpa_attention``).
 - ``"decode"``: the ``"sdpa"`` spec with :class:`~megatron_adapters.decode_cache.KVCacheAttention`, which
   can hold a static KV cache (the native rollout engine's model; same parameters and numbers as "sdpa").
 - ``"local"``: megatron-core's local spec unchanged (unfused attention; needs megatron's global memory

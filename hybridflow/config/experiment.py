@@ -71,6 +71,8 @@ def _inherit_ref_parallel(cfg: ExperimentConfig) -> None:
             setattr(ref, name, getattr(actor, name))
     if cfg.roles.ref.micro_batch_size is None:
         cfg.roles.ref.micro_batch_size = cfg.roles.actor.micro_batch_size
+    if cfg.roles.ref.max_tokens_per_micro_batch is None:
+        cfg.roles.ref.max_tokens_per_micro_batch = cfg.roles.actor.max_tokens_per_micro_batch
     for role in ROLES:
         par = cfg.roles.get(role).parallel
         for name in ("tp", "pp", "sequence_parallel"):
@@ -127,6 +129,14 @@ def _check_lengths(cfg: ExperimentConfig) -> None:
             f"data.seq_length: {cfg.data.seq_length} exceeds model.max_position_embeddings="
             f"{cfg.model.max_position_embeddings}; lower it"
         )
+    for role in ("actor", "critic", "ref", "reward"):
+        budget = cfg.roles.get(role).max_tokens_per_micro_batch
+        if cfg.roles.get(role).enabled and budget and budget < need:
+            # A sample is never split over micro-batches: the budget must hold the longest one.
+            raise UserError(
+                f"roles.{role}.max_tokens_per_micro_batch: {budget} is below the longest sample, "
+                f"data.max_prompt_length + rollout.max_new_tokens = {need}; set it to >= {need}, or 0 (off)"
+            )
     samples = cfg.data.train_batch_size * cfg.rollout.n_samples_per_prompt
     if samples % cfg.algorithm.mini_batch_size:
         raise UserError(

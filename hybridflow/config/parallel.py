@@ -33,6 +33,10 @@ class RoleConfig:
     enabled: bool = True
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     micro_batch_size: int | None = bounded(1, ge=1)  # None (ref's default): the actor's
+    # Sequence packing (model roles; the rollout ignores it): micro-batches hold whole samples up to this many
+    # tokens (no padding) instead of `micro_batch_size` rows. 0 = off. None = off, except ref's default:
+    # the actor's value.
+    max_tokens_per_micro_batch: int | None = bounded(None, ge=0)
     offload_optimizer: bool = False
     # "none" | "selective" (attention core recomputed, Korthikanti et al.) | "full" (whole layer)
     activation_recompute: str = bounded("selective", choices=RECOMPUTE_MODES)
@@ -45,7 +49,7 @@ class RolesConfig:
     # ref's unset parallel fields and micro-batch inherit the actor's (same model, usually the same GPUs).
     ref: RoleConfig = field(
         default_factory=lambda: RoleConfig(parallel=ParallelConfig(tp=None, pp=None, sequence_parallel=None),
-                                           micro_batch_size=None)
+                                           micro_batch_size=None, max_tokens_per_micro_batch=None)
     )
     reward: RoleConfig = field(default_factory=lambda: RoleConfig(enabled=False))
     rollout: RoleConfig = field(default_factory=RoleConfig)

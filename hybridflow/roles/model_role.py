@@ -16,7 +16,9 @@ from pathlib import Path
 
 import torch
 from megatron.core.process_groups_config import ProcessGroupCollection
+from megatron.core.utils import get_model_config
 
+from hybridflow.data.packing import as_rows, empty_micro_batch, is_packed, pack_by_token_budget, pack_rows
 from hybridflow.placement import RoleMesh
 from megatron_adapters.cpu_backend import compute_device, is_cpu_backend_enabled
 from megatron_adapters.forward_backward import run_forward_backward
@@ -61,6 +63,8 @@ class ModelRole:
     micro_batch_size: int
     optimizer: RoleOptimizer | None = None
     extra: dict = field(default_factory=dict)
+    # Sequence packing (`roles.<role>.max_tokens_per_micro_batch`): 0 = fixed `micro_batch_size` rows.
+    max_tokens_per_micro_batch: int = 0
 
     def logprobs(
         self, logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0, with_entropy: bool = False
@@ -101,12 +105,32 @@ class ModelRole:
         return slice(self.dp_rank * per_replica, (self.dp_rank + 1) * per_replica)
 
     def micro_batches(self, tensors: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
-        """This replica's rows cut into micro-batches on the compute device (the step's batch lives on CPU)."""
+        """This replica's rows cut into micro-batches on the compute device (the step's batch lives on CPU).
+
+        With a token budget and the rows' true lengths (`seq_lens`), micro-batches are packed (see
+        hybridflow.data.packing); every replica of the role then runs as many micro-batches as the one that
+        packs the most (a DP all-reduce of the count; the others add empty micro-batches), so each mini-batch
+        is one schedule call of equal length on every replica and pipeline stage. Tensors without
+        `seq_lens` (the supervised warm-up's) keep fixed-size micro-batches.
+        """
         device = compute_device()
+        if self.max_tokens_per_micro_batch and "seq_lens" in tensors:
+            packed = self._packed_micro_batches(tensors)
+            return [{k: v.to(device, non_blocking=True) for k, v in mb.items()} for mb in packed]
         rows = next(iter(tensors.values())).shape[0]
         size = min(self.micro_batch_size, rows)
         return [{k: v[i : i + size].to(device, non_blocking=True) for k, v in tensors.items()}
                 for i in range(0, rows, size)]
+
+    def _packed_micro_batches(self, tensors: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+        seq_lens = tensors["seq_lens"]
+        bins = pack_by_token_budget(seq_lens.tolist(), self.max_tokens_per_micro_batch)
+        # Sequence parallelism splits every micro-batch's tokens over TP.
+        pad_to = self.mesh.tp if get_model_config(unwrap(self.model)).sequence_parallel else 1
+        count = torch.tensor([len(bins)], device=compute_device())
+        torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX, group=self.groups.dp)
+        packed = [pack_rows(tensors, seq_lens, rows, pad_to) for rows in bins]
+        return packed + [empty_micro_batch(tensors, seq_lens, pad_to) for _ in range(int(count) - len(bins))]
 
     @torch.no_grad()
     def forward(self, tensors: dict[str, torch.Tensor], per_token: PerToken) -> torch.Tensor:
@@ -115,14 +139,21 @@ class ModelRole:
         def keep(output, mb):
             return output.new_zeros(()), {"out": per_token(output, mb)}
 
-        metrics = run_forward_backward([self.model], self.groups, self.micro_batches(tensors), keep,
-                                       forward_only=True)
-        return torch.cat([m["out"] for m in metrics])
+        micro = self.micro_batches(tensors)
+        metrics = run_forward_backward([self.model], self.groups, micro, keep, forward_only=True)
+        if not is_packed(micro[0]):
+            return torch.cat([m["out"] for m in metrics])
+        rows, width = tensors["input_ids"].shape
+        out = metrics[0]["out"].new_zeros(rows, width)
+        for mb, m in zip(micro, metrics, strict=True):
+            out[mb["rows"]] = as_rows(m["out"], mb, width)
+        return out
 
-    def train(self, tensors: dict[str, torch.Tensor], loss_fn: LossFn) -> dict[str, float]:
-        """One optimizer step over this replica's rows; token-mean metrics averaged over the role's DP."""
+    def train(self, micro_batches: list[dict[str, torch.Tensor]], loss_fn: LossFn) -> dict[str, float]:
+        """One optimizer step over this replica's `micro_batches` (from `micro_batches`); token-mean metrics
+        averaged over the role's DP."""
         self.optimizer.zero_grad()
-        metrics = run_forward_backward([self.model], self.groups, self.micro_batches(tensors), loss_fn)
+        metrics = run_forward_backward([self.model], self.groups, micro_batches, loss_fn)
         stats = self.optimizer.step()
         totals = {k: sum(m[k].float() for m in metrics) for k in metrics[0]}
         keys = sorted(totals)
@@ -170,25 +201,29 @@ def build_model_role(
     micro_batch_size: int,
     optimizer: OptimizerSettings | None = None,
     seed: int = 0,
+    max_tokens_per_micro_batch: int = 0,
     **config_overrides,
 ) -> ModelRole:
     """Build this rank's stage of `hf_dir`, load its weights, and (for trained roles) DDP + optimizer.
 
-    `config_overrides` are TransformerConfig fields (see `role_config_overrides`)."""
+    `config_overrides` are TransformerConfig fields (see `role_config_overrides`); a positive
+    `max_tokens_per_micro_batch` packs micro-batches by that token budget."""
     seed_role_rng(seed, groups)
     model = build_gpt(hf_dir, groups, head=head, dtype=dtype, **config_overrides)
     if torch.cuda.is_available():
         model.cuda()
     load_hf_weights(model, hf_dir)
     if optimizer is None:
-        return ModelRole(name, mesh, groups, model, micro_batch_size)
+        return ModelRole(name, mesh, groups, model, micro_batch_size,
+                         max_tokens_per_micro_batch=max_tokens_per_micro_batch)
     if optimizer.offload_optimizer and is_cpu_backend_enabled():
         # On the CPU backend the optimizer already runs in host memory: offloading is meaningless.
         optimizer = dataclasses.replace(optimizer, offload_optimizer=False)
     precision = TrainingPrecision(dtype, bf16=dtype == torch.bfloat16)
     ddp = wrap_for_training([model], groups, use_distributed_optimizer=optimizer.use_distributed_optimizer)
     opt = build_optimizer(ddp, groups, optimizer, precision)
-    return ModelRole(name, mesh, groups, ddp[0], micro_batch_size, opt)
+    return ModelRole(name, mesh, groups, ddp[0], micro_batch_size, opt,
+                     max_tokens_per_micro_batch=max_tokens_per_micro_batch)
 
 
 def copy_weights(src: ModelRole | None, dst: ModelRole | None, via_dir: Path, hf_dir: str) -> None:
@@ -216,14 +251,22 @@ def per_token_logprobs(role: ModelRole, temperature: float) -> PerToken:
     """Column t holds log p(tokens[t] | tokens[:t]); column 0 is 0 (nothing predicts the first token)."""
 
     def fn(logits: torch.Tensor, mb: dict[str, torch.Tensor]) -> torch.Tensor:
-        return role.logprobs(logits, mb["input_ids"], temperature)
+        return zero_sequence_starts(role.logprobs(logits, mb["input_ids"], temperature), mb)
 
     return fn
 
 
 def per_token_values(logits: torch.Tensor, mb: dict[str, torch.Tensor]) -> torch.Tensor:
     """Column t holds the value of the state before token t (the scalar head's output at t - 1)."""
-    return shift_right(logits[:, :-1, 0].float())
+    return zero_sequence_starts(shift_right(logits[:, :-1, 0].float()), mb)
+
+
+def zero_sequence_starts(x: torch.Tensor, mb: dict[str, torch.Tensor]) -> torch.Tensor:
+    """In a packed micro-batch a sequence's first column follows the previous sequence's last token: zero it,
+    as column 0 of a padded row is. Unpacked micro-batches pass through."""
+    if not is_packed(mb):
+        return x
+    return torch.where(mb["position_ids"] == 0, torch.zeros_like(x), x)
 
 
 def shift_right(x: torch.Tensor) -> torch.Tensor:

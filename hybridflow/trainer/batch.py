@@ -42,8 +42,11 @@ class StepBatch:
         self.rollout_logprobs = self.rollout_logprobs[:, :width]
 
     def tensors(self, *names: str, rows: slice | torch.Tensor = slice(None)) -> dict[str, torch.Tensor]:
-        """Named tensors (tokens as `input_ids`) restricted to `rows`, for a role's micro-batches."""
+        """Named tensors (tokens as `input_ids`) restricted to `rows`, for a role's micro-batches; once
+        generated, also each row's true length `seq_lens` (prompt + response), for sequence packing."""
         out = {"input_ids": self.tokens[rows]}
+        if self.response_mask is not None:
+            out["seq_lens"] = (self.prompt_lens[rows] + self.response_mask[rows].sum(1)).long()
         for name in names:
             out[name] = getattr(self, name)[rows]
         return out

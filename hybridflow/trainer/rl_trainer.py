@@ -28,6 +28,7 @@ from hybridflow.algorithms import (
     sft_loss,
 )
 from hybridflow.config import ExperimentConfig
+from hybridflow.data.packing import as_rows
 from hybridflow.roles.exchange import share_from_role
 from hybridflow.roles.model_role import ModelRole, per_token_logprobs, per_token_values
 from hybridflow.trainer.batch import StepBatch
@@ -191,8 +192,9 @@ class RLTrainer:
                 mine = r.local_rows(alg.mini_batch_size)  # this replica's share of the mini-batch
                 rows = slice(start + mine.start, start + mine.stop)
                 tensors = batch.tensors("response_mask", *fields, rows=rows)
-                scale = self._loss_scale(r, tensors["response_mask"])
-                for k, v in r.train(tensors, lambda out, mb, s=scale: loss_fn(out, mb, s)).items():
+                micro = r.micro_batches(tensors)
+                scale = self._loss_scale(r, tensors["response_mask"], len(micro))
+                for k, v in r.train(micro, lambda out, mb, s=scale: loss_fn(out, mb, s)).items():
                     collected.setdefault(f"{role}/{k}", []).append(v)
         return {k: sum(v) / len(v) for k, v in collected.items()}
 
@@ -206,24 +208,26 @@ class RLTrainer:
             logp, ent = actor.logprobs(logits, mb["input_ids"], temperature, with_entropy=True)
             out = actor_loss(logp, mb["old_logprobs"], mb["advantages"], mb["response_mask"], cfg,
                              entropy=ent, ref_logprobs=mb.get("ref_logprobs"))
-            return self._aggregate(out, scale)
+            return self._aggregate(out, mb, scale)
 
         return fn
 
     def _critic_loss(self, values, mb, scale):
         cfg = CriticLossConfig(cliprange_value=self.cfg.algorithm.cliprange_value)
         v = per_token_values(values, mb)
-        return self._aggregate(critic_loss(v, mb["values"], mb["returns"], mb["response_mask"], cfg), scale)
+        return self._aggregate(critic_loss(v, mb["values"], mb["returns"], mb["response_mask"], cfg), mb, scale)
 
-    def _loss_scale(self, role, mask: torch.Tensor) -> float:
+    def _loss_scale(self, role, mask: torch.Tensor, n_micro: int) -> float:
         """loss_agg.micro_batch_scale for this mini-batch: the count is summed over the role's DP replicas."""
         count = loss_agg.local_count(mask, self.cfg.algorithm.loss_agg_mode).to(compute_device())
         dist.all_reduce(count, group=role.groups.dp)
-        return loss_agg.micro_batch_scale(mask.shape[0], role.micro_batch_size, role.mesh.dp, float(count))
+        return loss_agg.micro_batch_scale(n_micro, role.mesh.dp, float(count))
 
-    def _aggregate(self, out, scale: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The micro-batch loss megatron's schedule gets; metrics stay token sums plus the token count."""
-        loss = loss_agg.numerator(out.token_loss, out.mask, self.cfg.algorithm.loss_agg_mode) * scale
+    def _aggregate(self, out, mb, scale: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The micro-batch loss megatron's schedule gets; metrics stay token sums plus the token count.
+        A packed micro-batch's per-token loss goes back to rows first (per-sequence modes sum per row)."""
+        mode = self.cfg.algorithm.loss_agg_mode
+        loss = loss_agg.numerator(as_rows(out.token_loss, mb), as_rows(out.mask, mb), mode) * scale
         return loss, {**out.metrics, "num_tokens": out.num_tokens.float()}
 
     def warmup(self, tensors: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -234,7 +238,7 @@ class RLTrainer:
             return _mean_loss(sft_loss(actor.logprobs(logits, mb["input_ids"]), mb["loss_mask"]))
 
         rows = actor.local_rows(tensors["input_ids"].shape[0])
-        return actor.train({k: v[rows] for k, v in tensors.items()}, fn)
+        return actor.train(actor.micro_batches({k: v[rows] for k, v in tensors.items()}), fn)
 
     # ---- metrics --------------------------------------------------------------------------------
     def _step_metrics(self, batch, metrics, parity, kl, timer) -> dict[str, float]:

@@ -71,3 +71,39 @@ def test_bad_override_is_one_line_error(tmp_path):
     proc = _run(["--simulate", "--placements", "colocated", "--out", str(tmp_path), "trainer.no_such_key=1"], 60)
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1 and "trainer.no_such_key" in proc.stderr
+
+
+@pytest.mark.slow
+def test_variants_run_each_placement_once_per_variant(tmp_path):
+    # sequence packing off and on in one command: two measured rows with actor-update MFU and step time each
+    out = tmp_path / "bench"
+    proc = _run(["--placements", "colocated", "--warmup-steps", "0", "--steps", "1", "--out", str(out),
+                 "--variant", "padded:", "--variant",
+                 "packed:roles.actor.max_tokens_per_micro_batch=40 roles.critic.max_tokens_per_micro_batch=40"], 600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    padded, packed = (json.loads((out / f"colocated_{v}.json").read_text()) for v in ("padded", "packed"))
+    assert (padded["placement"], packed["placement"]) == ("colocated (padded)", "colocated (packed)")
+    assert "roles.actor.max_tokens_per_micro_batch=40" in packed["overrides"]
+    assert not any("max_tokens" in o for o in padded["overrides"]) and "max_tokens" in packed["command"]
+    for run in (padded, packed):
+        assert run["status"] == "measured", run.get("reason")
+        assert 0 < run["measured"]["actor_update"]["mfu"] < 1 and run["measured"]["step_time_s"] > 0
+    rows = _table_rows(out / "table.md")
+    assert [r[0] for r in rows[2:4]] == ["colocated (padded)", "colocated (packed)"]
+
+
+def test_variants_are_planned_per_placement(tmp_path):
+    proc = _run(["--simulate", "--placements", "colocated,split", "--simulate-sizes", "7b", "--simulate-gpus", "16",
+                 "--out", str(tmp_path), "--variant", "padded:", "--variant",
+                 "packed:roles.actor.max_tokens_per_micro_batch=40 trainer.total_steps=9"], 120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "trainer.total_steps" in proc.stderr  # the harness owns it, in a variant too
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert [(r["placement"], r["variant"]) for r in summary["runs"]] == [
+        ("colocated (padded)", "padded"), ("colocated (packed)", "packed"),
+        ("split (padded)", "padded"), ("split (packed)", "packed")]
+    packed = json.loads((tmp_path / "colocated_packed.json").read_text())
+    assert packed["overrides"][-1] == "roles.actor.max_tokens_per_micro_batch=40"
+    assert [r[0] for r in _table_rows(tmp_path / "table.md")[2:6]] == [r["placement"] for r in summary["runs"]]
+    bad = _run(["--simulate", "--placements", "colocated", "--out", str(tmp_path), "--variant", "nocolon"], 60)
+    assert bad.returncode == 2 and "--variant takes NAME:OVERRIDES" in bad.stderr

@@ -147,3 +147,15 @@ def test_plan_cli_refuses_a_bad_value_with_exit_2_and_writes_nothing(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip() == "error: algorithm.cliprange: -0.1 is not above 0; use a value in (0, 1]"
     assert "Traceback" not in result.stderr and not out.exists()
+
+
+def test_a_token_budget_below_the_longest_sample_is_refused():
+    # tiny_cpu: the longest sample is data.max_prompt_length 16 + rollout.max_new_tokens 8 = 24 tokens
+    with pytest.raises(UserError, match=r"^roles\.critic\.max_tokens_per_micro_batch: 23 is below the longest "
+                                        r"sample, .* = 24; set it to >= 24, or 0 \(off\)$"):
+        load_experiment("tiny_cpu", ["roles.critic.max_tokens_per_micro_batch=23"])
+    cfg = load_experiment("tiny_cpu", ["roles.actor.max_tokens_per_micro_batch=24"])
+    assert cfg.roles.ref.max_tokens_per_micro_batch == 24  # ref follows the actor unless set
+    assert cfg.roles.critic.max_tokens_per_micro_batch is None  # off
+    assert load_experiment("tiny_cpu", ["roles.actor.max_tokens_per_micro_batch=0"]).roles.ref \
+        .max_tokens_per_micro_batch == 0

@@ -32,8 +32,10 @@ def _bad_jsonl(tmp_path: Path) -> str:
         (lambda tmp: [f"data.source={_bad_jsonl(tmp)}", "trainer.warmup_sft_steps=0"], "data.prompt_key"),
         (lambda tmp: ["reward.fn=no_such_module.rewards:score"], "reward.fn"),
         (lambda tmp: ["+experiment=ppo_llama_1b_h200"], "cluster.gpus_per_node"),
+        (lambda tmp: ["roles.actor.max_tokens_per_micro_batch=10"], "roles.actor.max_tokens_per_micro_batch"),
     ],
-    ids=["missing-model-path", "no-prompt-field", "reward-fn-import", "more-gpus-than-present"],
+    ids=["missing-model-path", "no-prompt-field", "reward-fn-import", "more-gpus-than-present",
+         "token-budget-below-longest-sample"],
 )
 def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, make_overrides, field):
     result = _run(tmp_path, *make_overrides(tmp_path))

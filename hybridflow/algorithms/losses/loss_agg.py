@@ -12,8 +12,6 @@ with `count` taken over the whole mini-batch on every replica, therefore yields 
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from hybridflow.config.algorithm import LOSS_AGG_MODES
@@ -36,7 +34,10 @@ def numerator(token_loss: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.
     return per_seq.sum()
 
 
-def micro_batch_scale(rows: int, micro_batch_size: int, dp: int, global_count: float) -> float:
-    """The factor that undoes megatron's per-micro-batch and per-replica averaging (module docstring)."""
-    n_micro = math.ceil(rows / min(micro_batch_size, rows))
+def micro_batch_scale(n_micro: int, dp: int, global_count: float) -> float:
+    """The factor that undoes megatron's per-micro-batch and per-replica averaging (module docstring).
+
+    `n_micro` is the number of micro-batches of this replica's schedule call: fixed-size micro-batches or
+    packed ones (whose count varies with the lengths; packed micro-batches hold whole sequences, so the
+    per-sequence numerators are unchanged)."""
     return n_micro * dp / max(global_count, 1.0)

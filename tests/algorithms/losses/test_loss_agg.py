@@ -1,6 +1,6 @@
 """Loss aggregation: hand-computed numerators, and gradients that depend neither on the micro-batch size
-(where the old mean of micro-batch means does) nor on DP, under megatron-core's real schedule and DDP (CPU,
-gloo)."""
+(where the old mean of micro-batch means does) nor on DP nor on sequence packing (replicas packing different
+numbers of micro-batches), under megatron-core's real schedule and DDP (CPU, gloo)."""
 
 import pytest
 import torch
@@ -24,9 +24,9 @@ def test_numerators_and_counts_by_hand(mode, num, count):
 
 
 def test_scale_undoes_megatrons_averaging():
-    # 8 rows at micro-batch 2 -> 4 micro-batches, 2 replicas, 40 tokens in the mini-batch
-    assert loss_agg.micro_batch_scale(8, 2, 2, 40.0) == pytest.approx(4 * 2 / 40)
-    assert loss_agg.micro_batch_scale(3, 8, 1, 0.0) == 1.0  # one micro-batch; an empty batch divides by 1
+    # 4 micro-batches (fixed-size or packed), 2 replicas, 40 tokens in the mini-batch
+    assert loss_agg.micro_batch_scale(4, 2, 40.0) == pytest.approx(4 * 2 / 40)
+    assert loss_agg.micro_batch_scale(1, 1, 0.0) == 1.0  # one micro-batch; an empty batch divides by 1
 
 
 def _grads(hf_dir: str, ids: torch.Tensor, mask: torch.Tensor, mode: str) -> dict:
@@ -40,7 +40,8 @@ def _grads(hf_dir: str, ids: torch.Tensor, mask: torch.Tensor, mode: str) -> dic
     for micro in (1, 2, 4):
         role = build_model_role("actor", RoleMesh("actor", (0,), 1, 1, 1), groups, hf_dir, "lm", torch.float32,
                                 micro, optimizer=OptimizerSettings(lr=1e-3), seed=1)
-        scale = loss_agg.micro_batch_scale(ids.shape[0], micro, 1, float(loss_agg.local_count(mask, mode)))
+        micro_batches = role.micro_batches({"input_ids": ids, "mask": mask})
+        scale = loss_agg.micro_batch_scale(len(micro_batches), 1, float(loss_agg.local_count(mask, mode)))
         for name, agg in (("agg", True), ("mean_of_means", False)):
 
             def loss_fn(logits, mb, agg=agg, role=role, scale=scale):
@@ -52,8 +53,7 @@ def _grads(hf_dir: str, ids: torch.Tensor, mask: torch.Tensor, mode: str) -> dic
 
             role.model.train()
             role.optimizer.zero_grad()
-            run_forward_backward([role.model], groups, role.micro_batches({"input_ids": ids, "mask": mask}),
-                                 loss_fn)
+            run_forward_backward([role.model], groups, micro_batches, loss_fn)
             out[(micro, name)] = torch.cat([p.main_grad.flatten().clone() for p in role.model.parameters()])
     return out
 
@@ -74,9 +74,10 @@ def test_gradients_do_not_depend_on_the_micro_batch_size(tmp_path, mode):
         assert not torch.allclose(grads[(1, "mean_of_means")], grads[(4, "mean_of_means")], rtol=1e-3)
 
 
-def _dp_grads(hf_dir: str, ids: torch.Tensor, mask: torch.Tensor, mode: str) -> dict:
+def _dp_grads(hf_dir: str, ids: torch.Tensor, mask: torch.Tensor, lens: torch.Tensor, mode: str) -> dict:
     import torch.distributed as dist
 
+    from hybridflow.data.packing import as_rows
     from hybridflow.placement import RoleMesh
     from hybridflow.roles.model_role import OptimizerSettings, absent_from_role, build_model_role
     from megatron_adapters.forward_backward import run_forward_backward
@@ -86,24 +87,30 @@ def _dp_grads(hf_dir: str, ids: torch.Tensor, mask: torch.Tensor, mode: str) -> 
     # would reduce-scatter it into shards)
     settings = OptimizerSettings(lr=1e-3, use_distributed_optimizer=False)
 
-    def grads(mesh, groups, micro, rows):
-        role = build_model_role("actor", mesh, groups, hf_dir, "lm", torch.float32, micro, optimizer=settings, seed=1)
+    def grads(mesh, groups, micro, rows, budget=0):
+        role = build_model_role("actor", mesh, groups, hf_dir, "lm", torch.float32, micro, optimizer=settings, seed=1,
+                                max_tokens_per_micro_batch=budget)
         count = loss_agg.local_count(mask[rows], mode)
         dist.all_reduce(count, group=groups.dp)
-        scale = loss_agg.micro_batch_scale(rows.stop - rows.start, micro, mesh.dp, float(count))
+        micro_batches = role.micro_batches({"input_ids": ids[rows], "mask": mask[rows], "seq_lens": lens[rows]})
+        scale = loss_agg.micro_batch_scale(len(micro_batches), mesh.dp, float(count))
 
         def loss_fn(logits, mb):
-            return loss_agg.numerator(-role.logprobs(logits, mb["input_ids"]), mb["mask"], mode) * scale, {}
+            token_loss = -role.logprobs(logits, mb["input_ids"])
+            return loss_agg.numerator(as_rows(token_loss, mb), as_rows(mb["mask"], mb), mode) * scale, {}
 
         role.model.train()
         role.optimizer.zero_grad()  # the schedule's finalize_model_grads all-reduces over DP at the end
-        run_forward_backward([role.model], groups, role.micro_batches({"input_ids": ids[rows], "mask": mask[rows]}),
-                             loss_fn)
-        return torch.cat([p.main_grad.flatten().clone() for p in role.model.parameters()])
+        run_forward_backward([role.model], groups, micro_batches, loss_fn)
+        return torch.cat([p.main_grad.flatten().clone() for p in role.model.parameters()]), len(micro_batches)
 
     both, alone = build_role_groups([0, 1], tp=1, pp=1, dp=2), build_role_groups([0], tp=1, pp=1, dp=1)
     rank = dist.get_rank()
-    out = {"dp2": grads(RoleMesh("actor", (0, 1), 1, 1, 2), both, 1, slice(2 * rank, 2 * rank + 2))}
+    mine = slice(2 * rank, 2 * rank + 2)
+    out = {"dp2": grads(RoleMesh("actor", (0, 1), 1, 1, 2), both, 1, mine),
+           # packed: replica 0's rows (12 + 10 tokens) need two micro-batches, replica 1's (3 + 2) one,
+           # so replica 1 runs an empty one as well
+           "dp2_packed": grads(RoleMesh("actor", (0, 1), 1, 1, 2), both, 1, mine, budget=12)}
     if alone is not None:
         out["dp1"] = grads(RoleMesh("actor", (0,), 1, 1, 1), alone, 4, slice(0, 4))
     else:
@@ -116,9 +123,14 @@ def test_gradients_do_not_depend_on_data_parallelism(tmp_path, mode):
     hf = save_tiny_model("llama", tmp_path)
     ids = token_batch(hf.config.vocab_size, batch=4, seq=12, seed=2)
     mask = torch.zeros(4, 12)
+    lens = torch.tensor([12, 10, 3, 2])  # true lengths: the rest of each row is padding
     for row, length in enumerate((11, 9, 2, 1)):  # the two replicas get very different token counts
-        mask[row, 12 - length:] = 1.0
-    first, second = run_distributed(_dp_grads, world_size=2, args=(str(tmp_path), ids, mask, mode))
-    assert first["dp1"].abs().max() > 0
-    torch.testing.assert_close(first["dp2"], first["dp1"], rtol=1e-4, atol=1e-7)
-    torch.testing.assert_close(second["dp2"], first["dp1"], rtol=1e-4, atol=1e-7)
+        mask[row, lens[row] - length:lens[row]] = 1.0
+        ids[row, lens[row]:] = 0
+    first, second = run_distributed(_dp_grads, world_size=2, args=(str(tmp_path), ids, mask, lens, mode))
+    reference = first["dp1"][0]
+    assert reference.abs().max() > 0
+    assert (first["dp2_packed"][1], second["dp2_packed"][1]) == (2, 2)  # replica 1 ran an empty micro-batch
+    for result in (first, second):
+        torch.testing.assert_close(result["dp2"][0], reference, rtol=1e-4, atol=1e-7)
+        torch.testing.assert_close(result["dp2_packed"][0], reference, rtol=1e-4, atol=1e-7)
