@@ -134,3 +134,22 @@ def check_vllm_rollout_mesh(rollout: RoleMesh, world_size: int) -> None:
             f"{rollout.size} of {world_size} GPUs; colocate the rollout with an actor that spans all GPUs and "
             "set roles.rollout.parallel.tp to the actor's tp, or set rollout.engine=megatron"
         )
+
+
+def check_rollout_lag(cfg: ExperimentConfig, meshes: dict[str, RoleMesh]) -> None:
+    """`trainer.rollout_lag=1` generates the next batch while the actor trains: the rollout needs its own GPUs."""
+    if not cfg.trainer.rollout_lag or "rollout" not in meshes or "actor" not in meshes:
+        return
+    if cfg.rollout.engine == "vllm":
+        raise UserError(
+            "trainer.rollout_lag: 1 generates while the actor trains, but rollout.engine=vllm runs colocated with "
+            "the actor and sleeps during its update; set trainer.rollout_lag=0, or rollout.engine=megatron with "
+            "placement.resources.rollout on GPUs the actor does not hold"
+        )
+    shared = sorted(set(meshes["actor"].ranks) & set(meshes["rollout"].ranks))
+    if shared:
+        raise UserError(
+            f"trainer.rollout_lag: 1 generates batch k+1 while the actor trains on batch k, but the rollout shares "
+            f"the actor's GPUs {shared}; set placement.resources.rollout to GPUs the actor does not hold "
+            "(e.g. placement=split_rollout on 4 GPUs) or trainer.rollout_lag=0"
+        )

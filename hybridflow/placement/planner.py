@@ -12,6 +12,7 @@ from hybridflow.placement.checks import (
     check_batch_sizes,
     check_colocation,
     check_layout_fits_model,
+    check_rollout_lag,
     check_tp_groups_local,
     check_vllm_rollout_mesh,
 )
@@ -139,6 +140,7 @@ def build_plan(
     rank_roles = {g.rank: tuple(r for r in meshes if g.rank in meshes[r].ranks) for g in gpus}
     role_memory = _memory_by_rank(cfg, meshes, gpus)
     memory = {rank: sum(parts.values(), MemoryEstimate()) for rank, parts in role_memory.items()}
+    check_rollout_lag(cfg, meshes)
     if cfg.rollout.engine == "vllm" and "rollout" in meshes:
         check_vllm_rollout_mesh(meshes["rollout"], len(gpus))
     plan = Plan(
