@@ -135,7 +135,8 @@ class RLTrainer:
 
     def produce(self, prompts: StepBatch, generating: tuple, timer: StageTimer, stage: str) -> StepBatch:
         """The generated + scored batch: samples landed on every rank (collective over the world), trimmed,
-        scored."""
+        scored. What consumes it needs nothing else, so a filter of scored batches (dynamic sampling) fits
+        after the scores."""
         with timer(stage):
             self.rollout.share(prompts, generating)
             prompts.trim_columns(TRIM_MULTIPLE, self.cfg.data.seq_length)
