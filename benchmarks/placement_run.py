@@ -44,14 +44,22 @@ def user_overrides(overrides: list[str]) -> tuple[list[str], list[str]]:
 
 
 def run_overrides(sweep: Sweep, placement: str, run_dir: Path, port: int | None) -> list[str]:
-    """`placement` is a conf/placement name, or NAME:ENGINE to also pick conf/rollout/ENGINE (e.g.
-    colocated:vllm beside colocated:megatron in one sweep)."""
-    name, _, engine = placement.partition(":")
+    """`placement` is a conf/placement name, NAME:ENGINE to also pick conf/rollout/ENGINE (e.g.
+    colocated:vllm beside colocated:megatron in one sweep), and either with @lagN for trainer.rollout_lag=N
+    (e.g. split_rollout,split_rollout@lag1: on-policy vs one-step-off asynchronous rollout)."""
+    spec, _, lag = placement.partition("@lag")
+    name, _, engine = spec.partition(":")
     out = [*sweep.overrides, f"placement={name}", *([f"rollout={engine}"] if engine else []),
+           *([f"trainer.rollout_lag={lag}"] if lag else []),
            f"trainer.output_dir={run_dir}",
            f"trainer.total_steps={sweep.warmup_steps + sweep.steps}", "trainer.warmup_sft_steps=0",
            "trainer.save_every=0"]
     return out + ([f"distributed.master_port={port}"] if port is not None else [])
+
+
+def run_name(placement: str) -> str:
+    """The placement spec as a file and directory name (no ':' or '@')."""
+    return placement.replace(":", "_").replace("@", "_")
 
 
 def _last_line(text: str) -> str:
@@ -80,7 +88,7 @@ def run_placement(sweep: Sweep, placement: str, simulate: bool) -> dict:
     Status: "measured", "predicted" (simulate), "skipped" (the planner rejects it; its one-line reason),
     or "failed" (the run exited non-zero; the last line of its stderr). Bad overrides raise UserError.
     """
-    run_dir = (sweep.out_dir / placement.replace(":", "_")).resolve()
+    run_dir = (sweep.out_dir / run_name(placement)).resolve()
     record: dict = {"experiment": sweep.experiment, "placement": placement, "warmup_steps": sweep.warmup_steps,
                     "steps": sweep.steps}
     # A bad key or placement name is the user's error (raised); a plan the planner rejects is a result.

@@ -18,7 +18,9 @@ from hybridflow.placement.auto.search import Candidate
 from hybridflow.placement.auto.workload import GENERATION, PREPARATION, STAGES, TRAINING
 
 MEASURED_TO_PREDICTED = {
-    GENERATION: ("generate", "sync"),  # the cost model charges the weight hand-off (bridge) to generation
+    # the cost model charges the weight hand-off (bridge) to generation; wait_rollout is the generation a
+    # one-step-off rollout (trainer.rollout_lag=1) did not hide behind training
+    GENERATION: ("generate", "wait_rollout", "sync"),
     PREPARATION: ("reward", "ref", "values", "old_logprobs", "exchange"),
     TRAINING: ("advantages", "update_critic", "update_actor"),
 }

@@ -20,6 +20,12 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.2f} %"
 
 
+def _parity(m: dict) -> str:
+    if m.get("parity_max_abs") is None:  # rollout_lag=1: the samples are one update stale, nothing to compare
+        return f"- (off-policy max {m['offpolicy_max_abs']:.2e})" if m.get("offpolicy_max_abs") is not None else "-"
+    return f"{m['parity_max_abs']:.2e} / {m['parity_mean_abs']:.2e}"
+
+
 MEASURED_HEADER = ("| placement | status | GPUs | tokens/s | tokens/s/GPU | step s | generation s | preparation s "
                    "| training s | actor MFU | peak GiB | parity max / mean | predicted tokens/s | predicted step s "
                    "| predicted gen / prep / train s |")
@@ -46,7 +52,7 @@ def measured_table(runs: list[dict]) -> str:
                  _num(m["throughput_tokens_per_s_per_gpu"]), _num(m["step_time_s"], 2),
                  _num(g["generation"], 2), _num(g["preparation"], 2), _num(g["training"], 2),
                  _pct(m["actor_update"]["mfu"]), _num(m["peak_memory_gib"], 2),
-                 f"{m['parity_max_abs']:.2e} / {m['parity_mean_abs']:.2e}", *predicted]
+                 _parity(m), *predicted]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

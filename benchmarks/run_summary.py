@@ -11,8 +11,9 @@ from hybridflow.config.cluster import resolve_cluster
 from hybridflow.placement import Plan
 
 # The trainer's stage timers, in dataflow order (time/<stage> in metrics.jsonl).
-STAGES = ("generate", "reward", "ref", "values", "old_logprobs", "exchange", "advantages", "update_critic",
-          "update_actor", "sync")
+# wait_rollout: at trainer.rollout_lag=1, the generation the training ranks waited for after their update.
+STAGES = ("generate", "wait_rollout", "reward", "ref", "values", "old_logprobs", "exchange", "advantages",
+          "update_critic", "update_actor", "sync")
 
 
 def read_rl_records(path: Path) -> list[dict]:
@@ -61,8 +62,13 @@ def summarize(records: list[dict], warmup_steps: int, cfg: ExperimentConfig, pla
         "actor_update": {"flops": flops, "gpus": actor_gpus, "peak_tflops_per_gpu": peak,
                          "seconds": update_s, "mfu": mfu(flops, update_s, actor_gpus, peak)},
         "peak_memory_gib": max(memory) if memory else None,
-        "parity_max_abs": max(r.get("parity/max_abs", 0.0) for r in timed),
-        "parity_mean_abs": _mean([r.get("parity/mean_abs", 0.0) for r in timed]),
+        # None at rollout_lag=1: the samples come from the weights before the update, so there is no parity to
+        # measure; offpolicy_* is the rollout-vs-actor gap then (the one-update drift).
+        "parity_max_abs": max((r["parity/max_abs"] for r in timed if "parity/max_abs" in r), default=None),
+        "parity_mean_abs": _mean([r["parity/mean_abs"] for r in timed if "parity/mean_abs" in r]),
+        "offpolicy_max_abs": max((r["offpolicy/max_abs"] for r in timed if "offpolicy/max_abs" in r), default=None),
+        # the rollout engine's own generation time (on a split placement, concurrent with training at lag 1)
+        "rollout_generate_s": _mean([r.get("rollout/generate_s", 0.0) for r in timed]),
         "reward_mean": _mean([r.get("reward/mean", 0.0) for r in timed]),
         # mean tokens per sample, so the cost model can be asked about the lengths the run really had
         "prompt_length": _mean([r["prompt_length"] for r in timed]) if all("prompt_length" in r for r in timed)

@@ -22,7 +22,7 @@ import json
 import sys
 from pathlib import Path
 
-from benchmarks.placement_run import Sweep, run_placement, user_overrides
+from benchmarks.placement_run import Sweep, run_name, run_placement, user_overrides
 from benchmarks.provenance import REPO_ROOT, provenance
 from benchmarks.report import measured_table, plot_stage_times, simulated_table, stage_table
 from benchmarks.simulate import GPU_COUNTS, SIZES, simulate_grid
@@ -35,7 +35,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, str, list[str]]:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--placements", default="colocated,split",
                         help="comma-separated conf/placement names, each optionally NAME:ENGINE to pick the "
-                             "rollout engine too, e.g. colocated:megatron,colocated:vllm (default: colocated,split)")
+                             "rollout engine too, e.g. colocated:megatron,colocated:vllm, and @lagN for "
+                             "trainer.rollout_lag=N, e.g. split_rollout,split_rollout@lag1 (default: colocated,split)")
     parser.add_argument("--warmup-steps", type=int, default=1, help="RL steps run first and not timed")
     parser.add_argument("--steps", type=int, default=3, help="RL steps timed after the warm-up")
     parser.add_argument("--out", type=Path, default=None, help="output dir (default benchmarks/results/...)")
@@ -89,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[benchmark] {experiment} placement={label} ...", file=sys.stderr, flush=True)
                 run = {**run_placement(sweep, placement, args.simulate), **meta, "overrides": [*kept, *extra]}
                 run |= {"placement": label, "variant": name} if name else {}
-                stem = placement.replace(":", "_") + (f"_{name}" if name else "")
+                stem = run_name(placement) + (f"_{name}" if name else "")
                 (out / f"{stem}.json").write_text(json.dumps(run, indent=2))
                 print(f"[benchmark] {label}: {run['status']} {run.get('reason', '')}", file=sys.stderr, flush=True)
                 runs.append(run)

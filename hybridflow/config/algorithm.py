@@ -50,6 +50,10 @@ class AlgorithmConfig:
     # Dual-clip PPO (Ye et al., 2020): for negative advantages the loss is capped at -A * clip_ratio_c, so a
     # huge ratio cannot dominate the batch; None: off. Usual value 3.0.
     clip_ratio_c: float | None = bounded(None, gt=1)
+    # Truncated importance sampling: the policy loss of each token is weighted by min(pi_old / pi_rollout, C)
+    # (pi_old: the actor's log-probs before the update; pi_rollout: the engine's, stale at trainer.rollout_lag=1
+    # or of another numeric precision); C = tis_cap, 0 = off. Usual value 2.0.
+    tis_cap: float = bounded(0.0, ge=0)
     cliprange_value: float = bounded(0.2, gt=0)
     kl_coef: float = bounded(0.05, ge=0)
     kl_controller: str = bounded("fixed", choices=KL_CONTROLLERS)

@@ -114,3 +114,22 @@ def check_colocation(cfg: ExperimentConfig, role_ranks: dict[str, tuple[int, ...
                     f"{list(role_ranks[present[0]])} but placement.colocate[{i}] declares them colocated; "
                     "give them the same GPU list"
                 )
+
+
+def check_rollout_lag(cfg: ExperimentConfig, meshes: dict[str, RoleMesh]) -> None:
+    """`trainer.rollout_lag=1` generates the next batch while the actor trains: the rollout needs its own GPUs."""
+    if not cfg.trainer.rollout_lag or "rollout" not in meshes or "actor" not in meshes:
+        return
+    if cfg.rollout.engine == "vllm":
+        raise UserError(
+            "trainer.rollout_lag: 1 with rollout.engine=vllm has never run (it needs a rollout on GPUs of its own, "
+            "and no multi-GPU machine was available to verify it); set trainer.rollout_lag=0, or "
+            "rollout.engine=megatron with placement.resources.rollout on GPUs the actor does not hold"
+        )
+    shared = sorted(set(meshes["actor"].ranks) & set(meshes["rollout"].ranks))
+    if shared:
+        raise UserError(
+            f"trainer.rollout_lag: 1 generates batch k+1 while the actor trains on batch k, but the rollout shares "
+            f"the actor's GPUs {shared}; set placement.resources.rollout to GPUs the actor does not hold "
+            "(e.g. placement=split_rollout on 4 GPUs) or trainer.rollout_lag=0"
+        )

@@ -15,6 +15,7 @@ from hybridflow.placement.checks import (
     check_batch_sizes,
     check_colocation,
     check_layout_fits_model,
+    check_rollout_lag,
     check_tp_groups_local,
 )
 from hybridflow.placement.cluster import GPU, cluster_gpus
@@ -130,6 +131,7 @@ def build_plan(
     rank_roles = {g.rank: tuple(r for r in meshes if g.rank in meshes[r].ranks) for g in gpus}
     role_memory = _memory_by_rank(cfg, meshes, gpus)
     memory = {rank: sum(parts.values(), MemoryEstimate()) for rank, parts in role_memory.items()}
+    check_rollout_lag(cfg, meshes)
     plan = Plan(
         world_size=len(gpus),
         nodes=cfg.cluster.nodes,

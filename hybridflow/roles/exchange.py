@@ -21,9 +21,9 @@ def collect_ranks(mesh: RoleMesh) -> list[int]:
 
 def share_from_role(
     local: torch.Tensor | None, mesh: RoleMesh, rows: int, trailing: tuple[int, ...], dtype: torch.dtype,
-    device: torch.device,
+    device: torch.device, group: dist.ProcessGroup | None = None,
 ) -> torch.Tensor:
-    """Assemble a [rows, *trailing] tensor from the role's replicas on every rank of the world.
+    """Assemble a [rows, *trailing] tensor from the role's replicas on every rank of `group` (None: the world).
 
     `local` is this rank's replica block ([rows/dp, *trailing]) on ranks of the role, ignored elsewhere.
     """
@@ -35,6 +35,6 @@ def share_from_role(
             buf = local.to(device=device, dtype=dtype).contiguous()
         else:
             buf = torch.empty((per_replica, *trailing), dtype=dtype, device=device)
-        dist.broadcast(buf, src)
+        dist.broadcast(buf, src, group=group)
         blocks.append(buf)
     return torch.cat(blocks)

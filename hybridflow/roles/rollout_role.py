@@ -33,7 +33,12 @@ class RolloutRole:
 
     def generate(self, batch) -> None:
         """Sample responses for this replica's rows and share tokens, masks and log-probs with every rank."""
-        rows, total = batch.size, batch.tokens.shape[1]
+        self.share(batch, self.generate_local(batch))
+
+    def generate_local(self, batch) -> tuple:
+        """This replica's (tokens, response mask, log-probs) for its rows of `batch`; (None,) * 3 off the
+        rollout. Collective only inside the rollout's own groups, so other ranks never wait for it."""
+        rows = batch.size
         local = (None, None, None)
         if self.engine is not None:
             dp_rank = self.mesh.coords(dist.get_rank())[1]
@@ -44,11 +49,15 @@ class RolloutRole:
             # hand the KV cache (and, at sleep level 2, weights) back to training
             self._track("rollout/sleep_freed_gib", self.engine.sleep, sign=1.0)
             local = (out.tokens, out.response_mask, out.logprobs)
-        shape = (total,)
+        self.step += 1
+        return local
+
+    def share(self, batch, local: tuple) -> None:
+        """Put `generate_local`'s results of every replica into `batch` on every rank (collective over all)."""
+        rows, shape = batch.size, (batch.tokens.shape[1],)
         batch.tokens = share_from_role(local[0], self.mesh, rows, shape, torch.long, self.device).cpu()
         batch.response_mask = share_from_role(local[1], self.mesh, rows, shape, torch.long, self.device).cpu()
         batch.rollout_logprobs = share_from_role(local[2], self.mesh, rows, shape, torch.float32, self.device).cpu()
-        self.step += 1
 
     def sync(self, actor: ModelRole | None) -> None:
         """Reshard the actor's current weights into the engine (collective over actor and rollout ranks)."""

@@ -26,6 +26,7 @@ class StepBatch:
     token_rewards: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None
+    is_weights: torch.Tensor | None = None  # truncated importance weights (algorithm.tis_cap > 0)
 
     @property
     def size(self) -> int:

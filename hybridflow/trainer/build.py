@@ -17,7 +17,7 @@ from hybridflow.data import load_prompt_dataset, load_tokenizer
 from hybridflow.errors import UserError
 from hybridflow.placement import Plan
 from hybridflow.placement.reshard_plan import generation_mesh
-from hybridflow.roles.groups import build_groups
+from hybridflow.roles.groups import build_groups, build_training_group
 from hybridflow.roles.model_role import (
     ModelRole,
     OptimizerSettings,
@@ -58,6 +58,7 @@ def build_run(cfg: ExperimentConfig, plan: Plan, work_dir: Path) -> BuiltRun:
     reshard_plan, _ = generation_mesh(plan.meshes["actor"], plan.meshes["rollout"])
     meshes = plan.meshes
     groups = build_groups(meshes)
+    training = build_training_group(meshes)
 
     roles: dict[str, ModelRole] = {}
     for role in ("actor", "critic", "ref", "reward"):
@@ -112,7 +113,7 @@ def build_run(cfg: ExperimentConfig, plan: Plan, work_dir: Path) -> BuiltRun:
         scorer=build_scorer(cfg, tokenizer, roles.get("reward"), meshes.get("reward"), device),
         kl_ctl=build_kl_controller(alg.kl_controller, alg.kl_coef, alg.kl_target, alg.kl_horizon),
         algorithm=build_algorithm(cfg),
-        device=device,
+        device=device, training=training,
     )
     dataset = load_prompt_dataset(cfg.data.source, cfg.data.prompt_key, seed=cfg.trainer.seed)
     return BuiltRun(trainer, tokenizer, dataset, hf_dir, work_dir)

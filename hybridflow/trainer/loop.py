@@ -73,6 +73,7 @@ def train(cfg: ExperimentConfig, plan: Plan) -> dict[str, float]:
         loader.load_state_dict(state["loader"])
         trainer.kl_ctl.load_state_dict(state["kl"])
         trainer.rollout.step, start = state["rollout_step"], state["step"]
+        trainer.ready = state.get("ready")  # lag 1: the batch generated before the checkpoint, not yet trained on
         trainer.rollout.sync(trainer.roles.get("actor"))
         if cfg.trainer.warmup_sft_steps and "ref" in trainer.roles:
             load_hf_weights(unwrap(trainer.roles["ref"].model), sft_dir)
@@ -83,9 +84,11 @@ def train(cfg: ExperimentConfig, plan: Plan) -> dict[str, float]:
     validator = Validator.build(cfg, tokenizer)
     if validator is not None and cfg.trainer.val_before_train:
         log.log(start, validator.run(trainer), phase="val")
+    draw = partial(next_step_batch, loader, tokenizer, cfg)  # a batch filter may draw more prompts
+    if cfg.trainer.rollout_lag and trainer.ready is None:
+        trainer.prime(draw(), draw)
     metrics: dict[str, float] = {}
     for step in range(start, cfg.trainer.total_steps):
-        draw = partial(next_step_batch, loader, tokenizer, cfg)  # a batch filter may draw more prompts
         metrics = trainer.step(draw(), draw)
         log.log(step + 1, metrics)
         if validator is not None and validator.due(step + 1):
@@ -94,7 +97,7 @@ def train(cfg: ExperimentConfig, plan: Plan) -> dict[str, float]:
         if every and ((step + 1) % every == 0 or step + 1 == cfg.trainer.total_steps):
             checkpointing.save(ckpt_root, step + 1, trainer.roles, {
                 "step": step + 1, "loader": loader.state_dict(), "kl": trainer.kl_ctl.state_dict(),
-                "rollout_step": trainer.rollout.step})
+                "rollout_step": trainer.rollout.step, "ready": trainer.ready})
     if "actor" in trainer.roles:
         save_hf_weights(unwrap(trainer.roles["actor"].model), work_dir / "final_hf", built.hf_dir)
     log.close()

@@ -1,7 +1,39 @@
-"""The RL step, top to bottom: generate -> reward -> [batch filter: drop groups, generate more] -> ref ->
-values -> advantages -> update critic -> update actor -> sync weights to the rollout. Every rank runs it; each
-stage runs on the ranks of its role and ends with its results shared to every rank (`share`), so roles on
-disjoint ranks work concurrently.
+"""The RL step: produce a generated + scored batch, consume it (ref -> values -> old log-probs -> exchange ->
+advantages -> update critic -> update actor), sync the actor's weights to the rollout.
+
+Every rank runs the same step; each stage runs on the ranks of its role and ends with its results shared
+(`share`), so roles on disjoint ranks work concurrently. Producing is two halves: `generate_local` (the
+engine's work on the rollout ranks, collective only inside the rollout's own groups) and `produce` (the
+rollout's samples land on every rank through world broadcasts, then the batch is trimmed and scored; a
+batch filter (dynamic sampling) then drops groups and generates more prompts until the batch is full).
+Consuming runs on the training group only (the ranks holding actor, critic, ref or reward; its exchanges
+are broadcasts over that group), so a rank that holds only the rollout never enters it.
+
+`trainer.rollout_lag=0`: generate batch k, land it, consume it, sync w_k (the weights after update k).
+
+`trainer.rollout_lag=1` (one-step-off; the rollout on GPUs the actor does not hold, checked at plan time).
+Batch k was generated and landed during step k-1 (`ready`). Step k, on every rank in this order:
+  1. `generate_local` of batch k+1 with w_{k-1}, the weights the rollout got at the end of step k-1 (a no-op
+     off the rollout; no collective with any rank outside it, so it cannot block on the training ranks);
+  2. consume batch k on the training group: the actor recomputes old log-probs at w_{k-1} and updates to w_k
+     while the rollout ranks are still in 1 (the overlap);
+  3. `produce` batch k+1: world broadcasts from the rollout, then scoring. This is the first collective both
+     sides join: the rollout ranks reach it after generating, the training ranks after update k; whoever is
+     first waits (on rank 0 that wait is `time/wait_rollout`, the generation the update did not hide);
+  4. sync w_k into the rollout (actor + rollout ranks): it lands before batch k+2's generation in step k+1.
+Why it cannot deadlock: the collectives of 3, 4 and the metrics gather are issued by every rank in the same
+order, and those of 2 only by training-group members, all in one order (the lag-0 order); no rank waits in a
+collective that another member reaches only after one it is itself waiting in. Asynchronous collectives are
+not needed: the training ranks need nothing of batch k+1 before step k+1, so its broadcasts simply wait
+until after update k. A rank holding the rollout and another non-actor role (say the critic) does 1 and then
+its part of 2: still correct, less overlap. The landed batch is in the checkpoint (hybridflow.trainer.loop):
+the weights that generated it are gone after the update, so a resumed run could not regenerate it.
+
+Off-policy correction: PPO's ratio is against the actor's old log-probs (w_{k-1}, before the update);
+`algorithm.tis_cap` > 0 also weights each token's policy loss by min(pi_old / pi_rollout, cap)
+(hybridflow.algorithms.truncated_is). The parity gate compares the rollout's log-probs with the actor's and
+needs both from the same weights: it holds at lag 0; at lag 1 the gap is the one-update drift, reported as
+`offpolicy/*` and not gated.
 """
 
 from __future__ import annotations
@@ -9,7 +41,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -27,9 +59,11 @@ from hybridflow.algorithms import (
     masked_mean,
     sft_loss,
 )
+from hybridflow.algorithms.truncated_is import truncated_is_weights
 from hybridflow.config import ExperimentConfig
 from hybridflow.data.packing import as_rows
 from hybridflow.roles.exchange import share_from_role
+from hybridflow.roles.groups import TrainingGroup
 from hybridflow.roles.model_role import ModelRole, per_token_logprobs, per_token_values
 from hybridflow.trainer.batch import StepBatch
 from hybridflow.trainer.dynamic_sampling import fill_batch
@@ -71,20 +105,71 @@ class RLTrainer:
     kl_ctl: object
     algorithm: Algorithm
     device: torch.device
+    training: TrainingGroup
+    ready: StepBatch | None = None  # lag 1: the batch landed in the last step, consumed by the next
+    sampling_metrics: dict[str, float] = field(default_factory=dict)  # dynamic sampling's, last produce
 
     # ---- one step -------------------------------------------------------------------------------
-    def step(self, batch: StepBatch, draw: Callable[[], StepBatch] | None = None) -> dict[str, float]:
-        """One RL step on `batch`'s prompts; `draw` gives the next prompts when a batch filter wants more."""
+    def step(self, prompts: StepBatch, draw: Callable[[], StepBatch] | None = None) -> dict[str, float]:
+        """Train on `prompts` (lag 0), or on the batch landed last step while `prompts` generate (lag 1);
+        `draw` gives more prompts when a batch filter wants them."""
         timer = StageTimer()
         metrics: dict[str, float] = {}
         with timer("generate"):
-            self._generate(batch)
+            generating = self.rollout.generate_local(prompts)  # the rollout ranks only; nobody waits for it
+        engine_s = timer.seconds["generate"]
+        if self.lag:
+            batch = self.ready  # generated during the last step, by the weights before its update
+        else:
+            batch = self.produce(prompts, generating, timer, "generate", draw)
+        metrics = self.consume(batch, timer) if self.training.member else {}
+        if self.lag:
+            self.ready = self.produce(prompts, generating, timer, "wait_rollout", draw)
+        metrics |= self.sampling_metrics  # the batch filter's figures of the batch produced in this step
+        with timer("sync"):
+            self.rollout.sync(self.roles.get("actor"))
+        if self.rollout.engine is not None:
+            metrics["rollout/generate_s"] = engine_s
+        metrics |= self.rollout.memory  # sleep/wake figures of this rank's engine (empty off the rollout)
+        return self._step_metrics(batch, metrics, timer)
+
+    def prime(self, prompts: StepBatch, draw: Callable[[], StepBatch] | None = None) -> None:
+        """Lag 1, before the first step: generate and land its batch with the current weights."""
+        self.ready = self.produce(prompts, self.rollout.generate_local(prompts), StageTimer(), "generate", draw)
+
+    @property
+    def lag(self) -> int:
+        return self.cfg.trainer.rollout_lag
+
+    def produce(self, prompts: StepBatch, generating: tuple, timer: StageTimer, stage: str,
+                draw: Callable[[], StepBatch] | None = None) -> StepBatch:
+        """The generated + scored batch: samples landed on every rank (collective over the world), trimmed,
+        scored, and, with a batch filter, its dropped groups replaced by newly drawn ones
+        (trainer/dynamic_sampling.py; every rank decides the same from the shared scores)."""
+        with timer(stage):
+            self.rollout.share(prompts, generating)
+            prompts.trim_columns(TRIM_MULTIPLE, self.cfg.data.seq_length)
         with timer("reward"):
-            scores = self.scorer.local(batch)
-        if self.algorithm.group_filter is not None:
-            with timer("dynamic_sampling"):
-                batch, sampling = self._filled(batch, scores, draw)
-            metrics |= sampling
+            prompts.scores = self.scorer.share(self.scorer.local(prompts), prompts)
+        if self.algorithm.group_filter is None:
+            return prompts
+        if draw is None:
+            raise ValueError("RLTrainer.step: a batch filter needs `draw` to fetch more prompts")
+
+        def generated_and_scored() -> StepBatch:
+            more = draw()
+            self.rollout.generate(more)
+            more.trim_columns(TRIM_MULTIPLE, self.cfg.data.seq_length)
+            more.scores = self.scorer.share(self.scorer.local(more), more)
+            return more
+
+        with timer("dynamic_sampling"):
+            batch, self.sampling_metrics = fill_batch(prompts, generated_and_scored, self.algorithm.group_filter)
+        return batch
+
+    def consume(self, batch: StepBatch, timer: StageTimer) -> dict[str, float]:
+        """Everything after scoring up to the updates, on the training group; this rank's role metrics, the
+        mean KL and the parity (lag 0) or off-policy (lag 1) figures."""
         temperature = self.cfg.rollout.temperature or 1.0
         with timer("ref"):
             ref = self._infer("ref", batch, lambda r: per_token_logprobs(r, temperature))
@@ -93,55 +178,31 @@ class RLTrainer:
         with timer("old_logprobs"):
             old = self._infer("actor", batch, lambda r: per_token_logprobs(r, temperature))
         with timer("exchange"):
-            if batch.scores is None:  # already shared when a batch filter needed them
-                batch.scores = self.scorer.share(scores, batch)
             batch.old_logprobs = self.share("actor", old, batch)
             batch.ref_logprobs = self.share("ref", ref, batch) if "ref" in self.meshes else None
             batch.values = self.share("critic", values, batch) if "critic" in self.meshes else None
-        parity = self.parity(batch)
+        metrics = self.parity(batch)
         with timer("advantages"):
             kl = self.assign_rewards(batch)
             adv = self.algorithm.estimator(batch.token_rewards, batch.response_mask, batch.values)
             batch.advantages, batch.returns = adv.advantages, adv.returns
+            if self.cfg.algorithm.tis_cap:
+                batch.is_weights = truncated_is_weights(batch.old_logprobs, batch.rollout_logprobs,
+                                                        self.cfg.algorithm.tis_cap)
         with timer("update_critic"):
             if "critic" in self.roles:
                 metrics |= self._update("critic", batch, self._critic_loss, ("values", "returns"))
         with timer("update_actor"):
             if "actor" in self.roles:
-                metrics |= self._update("actor", batch, self._actor_loss(temperature),
-                                        ("old_logprobs", "advantages") + (("ref_logprobs",) if self._kl_loss else ()))
-        with timer("sync"):
-            self.rollout.sync(self.roles.get("actor"))
-        metrics |= self.rollout.memory  # sleep/wake figures of this rank's engine (empty off the rollout)
+                metrics |= self._update("actor", batch, self._actor_loss(temperature), self._actor_fields())
         self.kl_ctl.update(kl, batch.size)
-        return self._step_metrics(batch, metrics, parity, kl, timer)
+        return metrics | {"kl": kl, "kl_coef": float(self.kl_ctl.value)}
 
     @property
     def _kl_loss(self) -> bool:
         return "ref" in self.meshes and not self.cfg.algorithm.kl_in_reward and self.cfg.algorithm.kl_coef > 0
 
     # ---- stages ---------------------------------------------------------------------------------
-    def _generate(self, batch: StepBatch) -> None:
-        self.rollout.generate(batch)
-        batch.trim_columns(TRIM_MULTIPLE, self.cfg.data.seq_length)
-
-    def _filled(self, batch: StepBatch, scores: torch.Tensor | None,
-                draw: Callable[[], StepBatch] | None) -> tuple[StepBatch, dict[str, float]]:
-        """The generated, scored batch with the filter's dropped groups replaced by newly drawn ones
-        (trainer/dynamic_sampling.py). The filter needs every score on every rank, so the scores are
-        shared here rather than after the other roles' inference."""
-        if draw is None:
-            raise ValueError("RLTrainer.step: a batch filter needs `draw` to fetch more prompts")
-
-        def generated_and_scored() -> StepBatch:
-            more = draw()
-            self._generate(more)
-            more.scores = self.scorer.share(self.scorer.local(more), more)
-            return more
-
-        batch.scores = self.scorer.share(scores, batch)
-        return fill_batch(batch, generated_and_scored, self.algorithm.group_filter)
-
     def _infer(self, role: str, batch: StepBatch, per_token) -> torch.Tensor | None:
         if role not in self.roles:
             return None
@@ -149,16 +210,19 @@ class RLTrainer:
         return r.forward(batch.tensors(rows=r.local_rows(batch.size)), per_token(r))
 
     def share(self, role: str, local: torch.Tensor | None, batch: StepBatch) -> torch.Tensor:
+        """The role's per-token results on every rank of the training group."""
         return share_from_role(local, self.meshes[role], batch.size, tuple(batch.tokens.shape[1:]),
-                               torch.float32, self.device).cpu()
+                               torch.float32, self.device, group=self.training.group).cpu()
 
     def parity(self, batch: StepBatch) -> dict[str, float]:
-        """Compare the rollout's log-probs of its samples with the actor's recomputation; fail loudly."""
+        """Compare the rollout's log-probs of its samples with the actor's recomputation; fail loudly at lag 0
+        (at lag 1 they come from weights one update apart: `offpolicy/*`, not gated)."""
         mask = batch.response_mask.bool()
         diff = (batch.rollout_logprobs - batch.old_logprobs).abs()[mask]
-        out = {"parity/max_abs": float(diff.max()) if diff.numel() else 0.0,
-               "parity/mean_abs": float(diff.mean()) if diff.numel() else 0.0}
-        if out["parity/max_abs"] > self.cfg.trainer.parity_max_abs:
+        prefix = "offpolicy" if self.lag else "parity"
+        out = {f"{prefix}/max_abs": float(diff.max()) if diff.numel() else 0.0,
+               f"{prefix}/mean_abs": float(diff.mean()) if diff.numel() else 0.0}
+        if not self.lag and out["parity/max_abs"] > self.cfg.trainer.parity_max_abs:
             raise ParityError(
                 f"trainer.parity_max_abs: rollout vs actor log-prob max abs diff {out['parity/max_abs']:.3g} > "
                 f"{self.cfg.trainer.parity_max_abs:g} (mean {out['parity/mean_abs']:.3g}); the engines disagree "
@@ -198,6 +262,10 @@ class RLTrainer:
                     collected.setdefault(f"{role}/{k}", []).append(v)
         return {k: sum(v) / len(v) for k, v in collected.items()}
 
+    def _actor_fields(self) -> tuple[str, ...]:
+        return ("old_logprobs", "advantages") + (("ref_logprobs",) if self._kl_loss else ()) \
+            + (("is_weights",) if self.cfg.algorithm.tis_cap else ())
+
     def _actor_loss(self, temperature: float):
         alg, actor = self.cfg.algorithm, self.roles["actor"]
         cfg = ActorLossConfig(policy=self.algorithm.policy_loss, entropy_coef=alg.entropy_coef,
@@ -207,7 +275,7 @@ class RLTrainer:
         def fn(logits, mb, scale):
             logp, ent = actor.logprobs(logits, mb["input_ids"], temperature, with_entropy=True)
             out = actor_loss(logp, mb["old_logprobs"], mb["advantages"], mb["response_mask"], cfg,
-                             entropy=ent, ref_logprobs=mb.get("ref_logprobs"))
+                             entropy=ent, ref_logprobs=mb.get("ref_logprobs"), is_weights=mb.get("is_weights"))
             return self._aggregate(out, mb, scale)
 
         return fn
@@ -241,7 +309,7 @@ class RLTrainer:
         return actor.train(actor.micro_batches({k: v[rows] for k, v in tensors.items()}), fn)
 
     # ---- metrics --------------------------------------------------------------------------------
-    def _step_metrics(self, batch, metrics, parity, kl, timer) -> dict[str, float]:
+    def _step_metrics(self, batch, metrics, timer) -> dict[str, float]:
         mask = batch.response_mask.float()
         lengths = mask.sum(1)
         tokens = float((batch.prompt_lens + lengths).sum())
@@ -249,10 +317,10 @@ class RLTrainer:
         world = dist.get_world_size()
         out = {
             "reward/mean": float(batch.scores.mean()), "reward/std": float(batch.scores.std()),
-            "kl": kl, "kl_coef": float(self.kl_ctl.value), "response_length": float(lengths.mean()),
+            "response_length": float(lengths.mean()),
             "prompt_length": float(batch.prompt_lens.float().mean()),
             "tokens_per_s": tokens / step_time, "tokens_per_s_per_gpu": tokens / step_time / world,
-            "step_time_s": step_time, **parity, **_from_every_rank(metrics),
+            "step_time_s": step_time, **_from_every_rank(metrics),
             **{f"time/{k}": v for k, v in timer.seconds.items()},
         }
         if torch.cuda.is_available():

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from benchmarks.placement_run import Sweep, run_name, run_overrides
 from benchmarks.predict import group_measured
 from benchmarks.report import measured_table, plot_stage_times, simulated_table, stage_table
 from benchmarks.run_summary import read_rl_records, summarize
@@ -87,3 +88,29 @@ def test_summarize_drops_warmup_and_derives_tokens(tmp_path):
     assert out["actor_update"]["gpus"] == len(plan.meshes["actor"].ranks)
     with pytest.raises(ValueError, match="none left"):
         summarize(records, 3, cfg, plan)
+
+
+def test_summarize_and_table_at_rollout_lag_1(tmp_path):
+    cfg = load_experiment("tiny_cpu", ["placement=split_rollout", "trainer.rollout_lag=1"])
+    plan = plan_placement(cfg)
+    lines = [{"step": s, "phase": "rl", "tokens_per_s": 10.0, "step_time_s": 2.0, "time/generate": 0.0,
+              "time/wait_rollout": 0.25 * s, "time/update_actor": 1.0, "offpolicy/max_abs": 0.1 * s,
+              "rollout/generate_s": 1.5, "reward/mean": 0.5} for s in (1, 2, 3)]
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    out = summarize(read_rl_records(path), 1, cfg, plan)
+    assert out["parity_max_abs"] is None  # the samples are one update stale: no parity to report
+    assert out["offpolicy_max_abs"] == pytest.approx(0.3) and out["rollout_generate_s"] == pytest.approx(1.5)
+    assert group_measured(out["stage_time_s"])["generation"] == pytest.approx(0.625)  # the wait is generation's
+    run = {"placement": "split_rollout@lag1", "status": "measured", "gpus": 4, "measured": out}
+    cell = dict(zip(*_rows(measured_table([run]))[::2], strict=True))
+    assert cell["parity max / mean"] == "- (off-policy max 3.00e-01)"
+
+
+def test_placement_spec_sets_the_rollout_lag(tmp_path):
+    sweep = Sweep("tiny_cpu", ("data.train_batch_size=16",), 1, 2, tmp_path)
+    lag1 = run_overrides(sweep, "split_rollout:megatron@lag1", tmp_path / "x", None)
+    assert lag1[:4] == ["data.train_batch_size=16", "placement=split_rollout", "rollout=megatron",
+                        "trainer.rollout_lag=1"]
+    assert not any("rollout_lag" in o for o in run_overrides(sweep, "split_rollout", tmp_path / "x", None))
+    assert run_name("split_rollout:megatron@lag1") == "split_rollout_megatron_lag1"

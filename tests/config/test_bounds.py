@@ -105,6 +105,7 @@ def test_every_range_is_enforced_with_one_line_naming_the_field(name, f, kind):
 def test_the_upper_sides_are_enforced_too():
     for override, match in [("rollout.top_p=1.5", "rollout.top_p: 1.5 is above 1; use a value in (0, 1]"),
                             ("algorithm.gamma=1.01", "algorithm.gamma: 1.01 is above 1"),
+                            ("trainer.rollout_lag=2", "trainer.rollout_lag: 2 is above 1"),
                             ("distributed.master_port=70000", "distributed.master_port: 70000 is above 65535"),
                             ("rollout.gpu_memory_utilization=0", "rollout.gpu_memory_utilization: 0.0 is not above 0"),
                             ("roles.critic.parallel.tp=0", "roles.critic.parallel.tp: 0 is below 1"),

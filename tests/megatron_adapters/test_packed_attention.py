@@ -7,7 +7,7 @@ from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from megatron_adapters.forward_backward import packed_seq_params
-from megatron_adapters.specs import SdpaCoreAttention
+from megatron_adapters.sdpa_attention import SdpaCoreAttention
 
 LENGTHS = (5, 1, 8, 3)
 

@@ -193,6 +193,18 @@ BAD_INPUTS = {
         ["placement.resources.critic=['node0:4-7','node1:0-3']"],
         r"^placement\.resources\.critic: TP group \[4, 5, 6, 7, 8, 9, 10, 11\] spans nodes",
     ),
+    "rollout_lag_with_colocated_rollout": (
+        "tiny_cpu",
+        ["trainer.rollout_lag=1"],
+        r"^trainer\.rollout_lag: 1 generates batch k\+1 while the actor trains on batch k, but the rollout "
+        r"shares the actor's GPUs \[0, 1, 2, 3\]; set placement\.resources\.rollout to GPUs the actor does not "
+        r"hold \(e\.g\. placement=split_rollout",
+    ),
+    "rollout_lag_with_vllm": (
+        "tiny_cpu",
+        ["trainer.rollout_lag=1", "rollout=vllm"],
+        r"^trainer\.rollout_lag: 1 generates while the actor trains, but rollout\.engine=vllm runs colocated",
+    ),
     "vllm_budget_below_weights": (
         "ppo_llama3_8b",
         [
@@ -309,3 +321,8 @@ def test_plan_properties(base_cfg, layout):
         assert all(role in plan.rank_roles[r] for r in mesh.ranks)
     assert sorted(r for s in plan.colocation_sets for r in s) == sorted(plan.meshes)
     assert build_plan(cfg, ranks, dims).to_json() == plan.to_json()  # deterministic
+
+
+def test_rollout_lag_plans_on_a_split_rollout():
+    plan = plan_placement(load_experiment("tiny_cpu", ["trainer.rollout_lag=1", "placement=split_rollout"]))
+    assert plan.meshes["actor"].ranks == (0, 1) and set(plan.meshes["rollout"].ranks) == {2, 3}

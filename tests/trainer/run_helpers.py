@@ -14,7 +14,7 @@ from hybridflow.launch import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 # Fields that measure the machine, not the algorithm: they differ between identical runs.
-MACHINE_FIELDS = ("time/", "tokens_per_s", "step_time_s", "peak_memory")
+MACHINE_FIELDS = ("time/", "tokens_per_s", "step_time_s", "peak_memory", "rollout/generate_s")
 
 
 def run_command(out_dir: Path, *overrides: str) -> list[str]:

@@ -58,11 +58,14 @@ def actor_loss(
     cfg: ActorLossConfig,
     entropy: torch.Tensor | None = None,
     ref_logprobs: torch.Tensor | None = None,
+    is_weights: torch.Tensor | None = None,
 ) -> LossOutput:
     """Actor loss over [B, T] token tensors; `entropy` is needed when entropy_coef > 0, `ref_logprobs` when
-    kl_loss_coef > 0."""
+    kl_loss_coef > 0; `is_weights` (hybridflow.algorithms.truncated_is) weight each token's policy loss."""
     mask = mask.to(logprobs.dtype)
     pg_loss, clipped = cfg.policy(logprobs, old_logprobs, advantages, mask)
+    if is_weights is not None:
+        pg_loss = pg_loss * is_weights
     loss = pg_loss
     # KL(old || new) from tokens sampled by old: how far this update has moved the policy.
     terms = {"pg_loss": pg_loss, "clipfrac": clipped.float(), "approx_kl": kl_k3(old_logprobs, logprobs)}
@@ -72,6 +75,8 @@ def actor_loss(
         loss = loss - cfg.entropy_coef * entropy
     if entropy is not None:
         terms["entropy"] = entropy
+    if is_weights is not None:
+        terms["is_weight"] = is_weights
     if cfg.kl_loss_coef:
         if ref_logprobs is None:
             raise ValueError("actor_loss: kl_loss_coef > 0 needs the reference log-probs")
