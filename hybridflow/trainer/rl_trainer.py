@@ -31,7 +31,7 @@ the weights that generated it are gone after the update, so a resumed run could 
 
 Off-policy correction: PPO's ratio is against the actor's old log-probs (w_{k-1}, before the update);
 `algorithm.tis_cap` > 0 also weights each token's policy loss by min(pi_old / pi_rollout, cap)
-(hybridflow.algorithms.truncated_is). The parity gate compares the rollout's log-probs with the actor's and
+(hybridflow.algorithms.losses.truncated_is). The parity gate compares the rollout's log-probs with the actor's and
 needs both from the same weights: it holds at lag 0; at lag 1 the gap is the one-update drift, reported as
 `offpolicy/*` and not gated.
 """
@@ -59,7 +59,7 @@ from hybridflow.algorithms import (
     masked_mean,
     sft_loss,
 )
-from hybridflow.algorithms.truncated_is import truncated_is_weights
+from hybridflow.algorithms.losses.truncated_is import truncated_is_weights
 from hybridflow.config import ExperimentConfig
 from hybridflow.data.packing import as_rows
 from hybridflow.roles.exchange import share_from_role

@@ -61,7 +61,7 @@ def actor_loss(
     is_weights: torch.Tensor | None = None,
 ) -> LossOutput:
     """Actor loss over [B, T] token tensors; `entropy` is needed when entropy_coef > 0, `ref_logprobs` when
-    kl_loss_coef > 0; `is_weights` (hybridflow.algorithms.truncated_is) weight each token's policy loss."""
+    kl_loss_coef > 0; `is_weights` (hybridflow.algorithms.losses.truncated_is) weight each token's policy loss."""
     mask = mask.to(logprobs.dtype)
     pg_loss, clipped = cfg.policy(logprobs, old_logprobs, advantages, mask)
     if is_weights is not None:

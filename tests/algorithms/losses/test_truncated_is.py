@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hybridflow.algorithms import ActorLossConfig, actor_loss, token_means
-from hybridflow.algorithms.truncated_is import truncated_is_weights
+from hybridflow.algorithms.losses.truncated_is import truncated_is_weights
 
 
 def test_weights_are_the_probability_ratio_capped():
