@@ -10,6 +10,7 @@ imports the other.
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import torch
@@ -21,8 +22,10 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 
 try:  # torch >= 2.10
     from torch.nn.attention.varlen import varlen_attn
+
+    VARLEN_ARGS = frozenset(inspect.signature(varlen_attn).parameters)
 except ImportError:  # older torch: packed sequences take the masked SDPA
-    varlen_attn = None
+    varlen_attn, VARLEN_ARGS = None, frozenset()
 
 
 class SdpaCoreAttention(MegatronModule):
@@ -119,13 +122,13 @@ class SdpaCoreAttention(MegatronModule):
         megatron per sequence); no token sees another sequence."""
         if params.qkv_format != "thd" or self.attn_mask_type != AttnMaskType.causal:
             raise ValueError("packed_seq_params: SdpaCoreAttention packs causal self-attention in 'thd' only")
-        if _use_varlen(query) and not (self.training and self.dropout_p > 0):
-            out = varlen_attn(
-                query, key, value, params.cu_seqlens_q, params.cu_seqlens_kv, params.max_seqlen_q,
-                params.max_seqlen_kv, scale=self.softmax_scale,
-                window_size=(-1 if self.window_left is None else self.window_left, 0),
-                enable_gqa=self.heads_per_partition != self.groups_per_partition,
-            )
+        options = self._varlen_options(query)
+        if options is not None:
+            if self.heads_per_partition != self.groups_per_partition and "enable_gqa" not in VARLEN_ARGS:
+                repeat = self.heads_per_partition // self.groups_per_partition
+                key, value = key.repeat_interleave(repeat, dim=1), value.repeat_interleave(repeat, dim=1)
+            out = varlen_attn(query, key, value, params.cu_seqlens_q, params.cu_seqlens_kv, params.max_seqlen_q,
+                              params.max_seqlen_kv, **options)
             return out.reshape(out.shape[0], -1)
         q, k, v = (t.permute(1, 0, 2).unsqueeze(0) for t in (query, key, value))  # [1, h, t, d]
         out = F.scaled_dot_product_attention(
@@ -134,6 +137,28 @@ class SdpaCoreAttention(MegatronModule):
             enable_gqa=self.heads_per_partition != self.groups_per_partition,
         )
         return out[0].permute(1, 0, 2).reshape(query.shape[0], -1)
+
+    def _varlen_options(self, query: torch.Tensor) -> dict | None:
+        """Keyword arguments for torch's varlen kernel, or None when it cannot compute this attention.
+
+        Its signature changed between releases (torch 2.11: no `enable_gqa`, causal by `is_causal`; later:
+        `window_size`), so the arguments are chosen from the signature this torch has."""
+        if not _use_varlen(query) or (self.training and self.dropout_p > 0):
+            return None
+        options: dict = {}
+        if "window_size" in VARLEN_ARGS:
+            options["window_size"] = (-1 if self.window_left is None else self.window_left, 0)
+        elif "is_causal" in VARLEN_ARGS and self.window_left is None:
+            options["is_causal"] = True
+        else:
+            return None
+        if "scale" in VARLEN_ARGS:
+            options["scale"] = self.softmax_scale
+        elif not math.isclose(self.softmax_scale, query.shape[-1] ** -0.5):
+            return None
+        if "enable_gqa" in VARLEN_ARGS:
+            options["enable_gqa"] = self.heads_per_partition != self.groups_per_partition
+        return options
 
     def _block_causal_mask(self, cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
         """``[t, t]`` "may attend": same sequence, key not after the query (and inside the window)."""

@@ -203,7 +203,7 @@ BAD_INPUTS = {
     "rollout_lag_with_vllm": (
         "tiny_cpu",
         ["trainer.rollout_lag=1", "rollout=vllm"],
-        r"^trainer\.rollout_lag: 1 generates while the actor trains, but rollout\.engine=vllm runs colocated",
+        r"^trainer\.rollout_lag: 1 with rollout\.engine=vllm has never run",
     ),
     "vllm_budget_below_weights": (
         "ppo_llama3_8b",
