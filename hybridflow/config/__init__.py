@@ -9,7 +9,16 @@ from hybridflow.config.data import DataConfig, RewardConfig
 from hybridflow.config.experiment import ExperimentConfig, finalize_experiment
 from hybridflow.config.load import DEFAULT_EXPERIMENT, conf_dir, load_experiment, split_argv
 from hybridflow.config.model import DTYPE_BYTES, ModelConfig
-from hybridflow.config.parallel import ROLES, TRAINED_ROLES, ParallelConfig, RoleConfig, RolesConfig
+from hybridflow.config.parallel import (
+    MODEL_ROLES,
+    ROLES,
+    TRAINED_ROLES,
+    VALUE_HEAD_ROLES,
+    ParallelConfig,
+    Role,
+    RoleConfig,
+    RolesConfig,
+)
 from hybridflow.config.placement import PlacementConfig
 from hybridflow.config.rollout import RolloutConfig
 from hybridflow.config.trainer import DistributedConfig, TrainerConfig
@@ -18,8 +27,10 @@ __all__ = [
     "DEFAULT_EXPERIMENT",
     "DTYPE_BYTES",
     "GPU_DEFAULTS",
+    "MODEL_ROLES",
     "ROLES",
     "TRAINED_ROLES",
+    "VALUE_HEAD_ROLES",
     "AlgorithmConfig",
     "ClusterConfig",
     "DataConfig",
@@ -28,6 +39,7 @@ __all__ = [
     "ModelConfig",
     "ParallelConfig",
     "PlacementConfig",
+    "Role",
     "RewardConfig",
     "RoleConfig",
     "RolesConfig",

@@ -9,7 +9,7 @@ from hybridflow.config.bounds import check_bounds
 from hybridflow.config.cluster import ClusterConfig, resolve_cluster
 from hybridflow.config.data import DataConfig, RewardConfig
 from hybridflow.config.model import ModelConfig, apply_hf_checkpoint, check_same_vocab, validate_model
-from hybridflow.config.parallel import ROLES, RolesConfig
+from hybridflow.config.parallel import MODEL_ROLES, ROLES, RolesConfig
 from hybridflow.config.placement import PlacementConfig
 from hybridflow.config.rollout import RolloutConfig
 from hybridflow.config.trainer import DistributedConfig, TrainerConfig
@@ -129,7 +129,7 @@ def _check_lengths(cfg: ExperimentConfig) -> None:
             f"data.seq_length: {cfg.data.seq_length} exceeds model.max_position_embeddings="
             f"{cfg.model.max_position_embeddings}; lower it"
         )
-    for role in ("actor", "critic", "ref", "reward"):
+    for role in MODEL_ROLES:
         budget = cfg.roles.get(role).max_tokens_per_micro_batch
         if cfg.roles.get(role).enabled and budget and budget < need:
             # A sample is never split over micro-batches: the budget must hold the longest one.

@@ -3,11 +3,25 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from hybridflow.config.bounds import bounded
 
-ROLES = ("actor", "critic", "ref", "reward", "rollout")
-TRAINED_ROLES = ("actor", "critic")
+
+class Role(StrEnum):
+    """A role's name. A member equals its string, so config keys and dicts keyed by "actor" keep working."""
+
+    ACTOR = "actor"
+    CRITIC = "critic"
+    REF = "ref"
+    REWARD = "reward"
+    ROLLOUT = "rollout"
+
+
+ROLES = tuple(Role)  # canonical order: actor, critic, ref, reward, rollout
+MODEL_ROLES = (Role.ACTOR, Role.CRITIC, Role.REF, Role.REWARD)  # roles that hold a megatron model
+TRAINED_ROLES = (Role.ACTOR, Role.CRITIC)  # roles with an optimizer
+VALUE_HEAD_ROLES = (Role.CRITIC, Role.REWARD)  # roles whose model ends in a scalar head, not the LM head
 RECOMPUTE_MODES = ("none", "selective", "full")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from hybridflow.config.experiment import ExperimentConfig
+from hybridflow.config.parallel import TRAINED_ROLES
 from hybridflow.errors import UserError
 from hybridflow.placement.cluster import GPU, nvlink_domain
 from hybridflow.placement.mesh import ParallelDims, RoleMesh
@@ -76,7 +77,7 @@ def check_batch_sizes(cfg: ExperimentConfig, role: str, dims: ParallelDims) -> N
             )
         return
     unit = dims.dp * mbs
-    if role in ("actor", "critic"):
+    if role in TRAINED_ROLES:
         if cfg.algorithm.mini_batch_size % unit:
             raise UserError(
                 f"algorithm.mini_batch_size: {cfg.algorithm.mini_batch_size} is not divisible by {role} dp x "

@@ -36,6 +36,7 @@ from dataclasses import dataclass, fields
 
 from hybridflow.config.experiment import ExperimentConfig
 from hybridflow.config.model import DTYPE_BYTES, ModelConfig
+from hybridflow.config.parallel import TRAINED_ROLES, VALUE_HEAD_ROLES, Role
 from hybridflow.errors import UserError
 from hybridflow.placement.mesh import ParallelDims
 from hybridflow.placement.param_count import layer_matmul_params
@@ -43,7 +44,6 @@ from hybridflow.placement.param_count import layer_matmul_params
 GIB = 2**30
 GRAD_BYTES = 4  # fp32 main grads
 VOCAB_DIVISIBLE_BY = 128  # megatron's make_vocab_size_divisible_by (x tp)
-VALUE_HEAD_ROLES = ("critic", "reward")
 
 
 @dataclass(frozen=True)
@@ -135,9 +135,9 @@ def estimate_role_memory(
     seq, mbs = cfg.data.seq_length, role_cfg.micro_batch_size
     sp = bool(role_cfg.parallel.sequence_parallel) and tp > 1
     per_layer = activation_bytes_per_token_layer(model, seq, tp, sp, role_cfg.activation_recompute)
-    logits = seq * mbs * padded_vocab(model, tp) // tp * 4 if role in ("actor", "ref") and stage == pp - 1 else 0
+    logits = seq * mbs * padded_vocab(model, tp) // tp * 4 if role in (Role.ACTOR, Role.REF) and stage == pp - 1 else 0
     layers = model.num_hidden_layers // pp
-    if role not in ("actor", "critic"):
+    if role not in TRAINED_ROLES:
         return MemoryEstimate(weights=weights, activations=int(per_layer * seq * mbs) + logits)
     full_layer = activation_bytes_per_token_layer(model, seq, tp, sp, "selective")
     microbatches = max(1, cfg.algorithm.mini_batch_size // (dp * mbs))

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from hybridflow.config.experiment import ExperimentConfig
-from hybridflow.config.parallel import ROLES
+from hybridflow.config.parallel import ROLES, Role
 from hybridflow.errors import UserError
 from hybridflow.placement.checks import (
     check_batch_sizes,
@@ -124,7 +124,7 @@ def build_plan(
         check_layout_fits_model(cfg, role, d)
         check_batch_sizes(cfg, role, d)
         mesh = RoleMesh(role=role, ranks=role_rank_list, tp=d.tp, pp=d.pp, dp=d.dp)
-        if role == "rollout" and "actor" in meshes:  # ROLES order: the actor's mesh exists by now
+        if role == Role.ROLLOUT and Role.ACTOR in meshes:  # ROLES order: the actor's mesh exists by now
             _, mesh = generation_mesh(meshes["actor"], mesh)  # the order the run builds its TP groups in
         check_tp_groups_local(mesh, gpus, cfg)
         meshes[role] = mesh

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from hybridflow.algorithms import build_algorithm, build_kl_controller
-from hybridflow.config import ExperimentConfig
+from hybridflow.config import MODEL_ROLES, TRAINED_ROLES, ExperimentConfig
 from hybridflow.data import load_prompt_dataset, load_tokenizer
 from hybridflow.errors import UserError
 from hybridflow.placement import Plan
@@ -61,8 +61,8 @@ def build_run(cfg: ExperimentConfig, plan: Plan, work_dir: Path) -> BuiltRun:
     training = build_training_group(meshes)
 
     roles: dict[str, ModelRole] = {}
-    for role in ("actor", "critic", "ref", "reward"):
-        trained = role in ("actor", "critic")
+    for role in MODEL_ROLES:
+        trained = role in TRAINED_ROLES
         if role not in meshes:
             continue
         if groups[role] is None:

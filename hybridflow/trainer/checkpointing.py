@@ -15,11 +15,10 @@ import torch
 import torch.distributed as dist
 from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 
+from hybridflow.config.parallel import TRAINED_ROLES
 from hybridflow.errors import UserError
 from hybridflow.roles.model_role import ModelRole
 from megatron_adapters.checkpoint import load_models, save_models
-
-TRAINED = ("actor", "critic")
 
 
 def step_dir(root: Path, step: int) -> Path:
@@ -49,7 +48,7 @@ def _set_rng_state(state: dict) -> None:
 
 def check_checkpointable(roles: dict[str, ModelRole], meshes: dict) -> None:
     """dist_checkpointing writes the non-tensor state from global rank 0: it must hold every trained role."""
-    for role in TRAINED:
+    for role in TRAINED_ROLES:
         if role in meshes and 0 not in meshes[role].ranks:
             raise UserError(
                 f"trainer.save_every: checkpoints need rank 0 to hold the {role} (it writes the common state); "
@@ -64,7 +63,7 @@ def save(root: Path, step: int, roles: dict[str, ModelRole], rank_state: dict) -
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
     dist.barrier()
-    held = [name for name in TRAINED if name in roles]
+    held = [name for name in TRAINED_ROLES if name in roles]
     save_models(partial, {name: (roles[name].model, roles[name].optimizer.optimizer) for name in held})
     schedulers = {name: roles[name].optimizer.scheduler.state_dict() for name in held}
     torch.save({**rank_state, "rng": _rng_state(), "schedulers": schedulers},
@@ -79,7 +78,7 @@ def save(root: Path, step: int, roles: dict[str, ModelRole], rank_state: dict) -
 def load(path: Path, roles: dict[str, ModelRole]) -> dict:
     """Collective: restore trained roles and return this rank's saved state (RNG restored already)."""
     load_models(path, {name: (roles[name].model, roles[name].optimizer.optimizer)
-                       for name in TRAINED if name in roles})
+                       for name in TRAINED_ROLES if name in roles})
     rank_state = torch.load(path / f"rank{dist.get_rank():05d}.pt", weights_only=False)
     for name, sched in rank_state.pop("schedulers").items():
         roles[name].optimizer.scheduler.load_state_dict(sched)

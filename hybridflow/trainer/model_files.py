@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 import transformers
 
-from hybridflow.config import ExperimentConfig, ModelConfig
+from hybridflow.config import MODEL_ROLES, VALUE_HEAD_ROLES, ExperimentConfig, ModelConfig
 from hybridflow.data import BUILTIN_ALPHABET, build_char_tokenizer, is_builtin
 from hybridflow.data.tokenizer import DEFAULT_ALPHABET
 from hybridflow.errors import UserError
@@ -51,8 +51,8 @@ def random_hf_checkpoint(model: ModelConfig, out_dir: Path, seed: int) -> None:
 
 def role_model_dirs(cfg: ExperimentConfig, work_dir: Path, hf_dir: str) -> dict[str, str]:
     """HF checkpoint dir per model role: the policy's `hf_dir` unless the role names its own model."""
-    dirs = {role: hf_dir for role in ("actor", "ref", "critic", "reward")}
-    for role in ("critic", "reward"):
+    dirs = {role: hf_dir for role in MODEL_ROLES}
+    for role in VALUE_HEAD_ROLES:
         model = cfg.role_model(role)
         if model is not cfg.model:
             dirs[role] = model.path or str(work_dir / f"init_{role}_model")

@@ -7,6 +7,7 @@ import copy
 
 from hybridflow.config.experiment import ExperimentConfig
 from hybridflow.config.model import ModelConfig
+from hybridflow.config.parallel import VALUE_HEAD_ROLES
 from hybridflow.errors import UserError
 from hybridflow.placement.auto.device import DeviceSpec, Efficiency, efficiency_for
 from hybridflow.placement.auto.explain import Explanation, explain
@@ -40,7 +41,7 @@ def model_shape(model: ModelConfig, role: str) -> ModelCostShape:
                       num_layers=model.num_hidden_layers, num_heads=model.num_attention_heads,
                       num_kv_heads=model.num_key_value_heads, vocab_size=model.vocab_size,
                       tie_embeddings=model.tie_word_embeddings, dtype_bytes=model.dtype_bytes,
-                      head="value" if role in ("critic", "reward") else "lm")
+                      head="value" if role in VALUE_HEAD_ROLES else "lm")
 
 
 def workload_from_config(cfg: ExperimentConfig) -> Workload:
