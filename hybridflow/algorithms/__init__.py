@@ -37,7 +37,7 @@ from hybridflow.algorithms.losses.entropy import entropy_from_logits
 from hybridflow.algorithms.losses.gspo_clip import SequenceClip, sequence_clip_loss
 from hybridflow.algorithms.losses.ppo_clip import TokenClip, ppo_policy_loss
 from hybridflow.algorithms.losses.value_clip import clipped_value_loss
-from hybridflow.algorithms.masked import masked_mean, masked_sum, masked_var, masked_whiten
+from hybridflow.algorithms.masked import last_masked_index, masked_mean, masked_sum, masked_var, masked_whiten
 from hybridflow.algorithms.registry import (
     ALGORITHM_BUILDERS,
     AdvantageEstimator,
@@ -87,6 +87,7 @@ __all__ = [
     "last_token_scores",
     "leave_one_out_scores",
     "loss_agg",
+    "last_masked_index",
     "masked_mean",
     "masked_sum",
     "masked_var",

@@ -14,6 +14,12 @@ def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> t
     return masked.sum() if dim is None else masked.sum(dim)
 
 
+def last_masked_index(mask: torch.Tensor) -> torch.Tensor:
+    """Column of each row's last masked-in position of a [B, T] mask, as [B]; -1 where a row has none."""
+    positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
+    return torch.where(mask.bool(), positions, -1).max(dim=1).values
+
+
 def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     """Mean of `x` over masked-in positions; 0 where nothing is masked in (no NaN from empty rows)."""
     count = mask.sum() if dim is None else mask.sum(dim)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from hybridflow.algorithms import last_masked_index
 from hybridflow.config import ExperimentConfig
 from hybridflow.placement import RoleMesh
 from hybridflow.rewards import compute_scores, resolve_reward_fn, reward_inputs
@@ -56,6 +57,5 @@ def build_scorer(
 
 
 def _at_last_response_token(per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    cols = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
-    last = torch.where(mask.bool(), cols, 0).max(dim=1).values
+    last = last_masked_index(mask).clamp(min=0)  # an empty response reads column 0
     return per_token.cpu().gather(1, last[:, None].cpu())[:, 0]

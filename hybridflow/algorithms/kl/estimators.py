@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import torch
 
+from hybridflow.algorithms.masked import last_masked_index
 from hybridflow.errors import UserError
 
 KLEstimator = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -48,8 +49,7 @@ def kl_estimator(name: str, key: str = "algorithm.kl_estimator") -> KLEstimator:
 
 def last_token_scores(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Place each sequence's scalar score [B] on its last masked-in token of a [B, T] zero tensor."""
-    positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
-    last = torch.where(mask.bool(), positions, -1).max(dim=1).values
+    last = last_masked_index(mask)
     token_rewards = torch.zeros(mask.shape, dtype=scores.dtype, device=scores.device)
     has_tokens = last >= 0  # an empty response gets no reward: there is no action to credit
     rows = torch.arange(mask.shape[0], device=mask.device)[has_tokens]
