@@ -31,13 +31,13 @@ def main(argv: list[str] | None = None) -> None:
         log_dir = Path(cfg.trainer.output_dir) / "logs"
         quiet_known_noise(log_dir=log_dir)
         # Imported only now: megatron-core's import-time warnings should not bury a bad-input message.
-        from hybridflow.trainer.worker import worker_main
+        from hybridflow.trainer.rank_main import rank_main
 
         if detect_launcher() is not None:
-            worker_main(experiment, overrides)
+            rank_main(experiment, overrides)
             return
         try:
-            results = launch_local(plan, worker_main, (experiment, overrides), cfg.distributed, log_dir)
+            results = launch_local(plan, rank_main, (experiment, overrides), cfg.distributed, log_dir)
         except LaunchError as err:
             print(f"error: {err}", file=sys.stderr)
             raise SystemExit(1) from None

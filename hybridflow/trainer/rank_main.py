@@ -14,7 +14,7 @@ from hybridflow.trainer.loop import train
 from megatron_adapters.cpu_backend import enable_cpu_backend
 
 
-def worker_main(experiment: str | None, overrides: list[str]) -> dict[str, float]:
+def rank_main(experiment: str | None, overrides: list[str]) -> dict[str, float]:
     """Entry point of one rank (started by the local launcher, torchrun or srun)."""
     cfg = load_experiment(experiment, overrides)
     # First, so that nothing this rank warns lands in its parent's file (a forked rank inherits its state):
