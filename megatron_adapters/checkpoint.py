@@ -26,8 +26,8 @@ HF_CONFIG_DIR = "hf_config"
 OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
 
 
-def unwrap(model):
-    """The GPTModel under DDP / Float16Module wrappers."""
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The GPTModel under DDP / Float16Module wrappers (or the model itself)."""
     while not hasattr(model, "pg_collection") and hasattr(model, "module"):
         model = model.module
     return model

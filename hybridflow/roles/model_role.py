@@ -20,6 +20,7 @@ from megatron.core.utils import get_model_config
 
 from hybridflow.data.packing import as_rows, empty_micro_batch, is_packed, pack_by_token_budget, pack_rows
 from hybridflow.placement import RoleMesh
+from megatron_adapters.checkpoint import unwrap
 from megatron_adapters.cpu_backend import compute_device, is_cpu_backend_enabled
 from megatron_adapters.forward_backward import run_forward_backward
 from megatron_adapters.hf_safetensors import load_hf_weights, save_hf_weights
@@ -240,11 +241,6 @@ def absent_from_role(trained: bool) -> None:
     collectives that building a trained role's optimizer makes."""
     if trained:
         join_optimizer_build_elsewhere()
-
-
-def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The GPTModel inside a DDP wrapper (or the model itself)."""
-    return getattr(model, "module", model)
 
 
 def per_token_logprobs(role: ModelRole, temperature: float) -> PerToken:

@@ -9,12 +9,13 @@ import torch.distributed as dist
 
 from hybridflow.placement import RoleMesh
 from hybridflow.roles.exchange import share_from_role
-from hybridflow.roles.model_role import ModelRole, unwrap
+from hybridflow.roles.model_role import ModelRole
 from hybridflow.rollout.base import RolloutBatch, RolloutEngine, SamplingParams
 from hybridflow.rollout.engine_host import start_hosted_engine
 from hybridflow.rollout.megatron_engine import MegatronRolloutEngine
 from hybridflow.rollout.vllm_engine import VllmEngineSpec, VllmRolloutEngine
 from megatron_adapters.bridge import ReshardStats, TargetFormat, WeightBridge, training_shards
+from megatron_adapters.checkpoint import unwrap
 from megatron_adapters.model import build_gpt, model_shape
 
 

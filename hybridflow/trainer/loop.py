@@ -11,12 +11,13 @@ from hybridflow.config import ExperimentConfig
 from hybridflow.data import PromptLoader, collate_prompts, collate_sft
 from hybridflow.errors import UserError
 from hybridflow.placement import Plan
-from hybridflow.roles.model_role import copy_weights, unwrap
+from hybridflow.roles.model_role import copy_weights
 from hybridflow.trainer import checkpointing
 from hybridflow.trainer.batch import StepBatch, pad_columns
 from hybridflow.trainer.build import build_run
 from hybridflow.trainer.metrics import MetricsLog
 from hybridflow.trainer.validation import Validator
+from megatron_adapters.checkpoint import unwrap
 from megatron_adapters.hf_safetensors import load_hf_weights, save_hf_weights
 
 

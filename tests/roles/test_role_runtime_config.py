@@ -51,8 +51,8 @@ def _grads_per_recompute(hf_dir: str, ids: torch.Tensor) -> dict:
         OptimizerSettings,
         build_model_role,
         role_config_overrides,
-        unwrap,
     )
+    from megatron_adapters.checkpoint import unwrap
     from megatron_adapters.forward_backward import run_forward_backward
     from megatron_adapters.process_groups import build_role_groups
 
