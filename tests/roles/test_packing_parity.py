@@ -31,6 +31,7 @@ def _batch(vocab: int) -> dict[str, torch.Tensor]:
 
 
 def _parity(hf_dir: str, tp: int, pp: int, batch: dict[str, torch.Tensor]) -> dict:
+    from hybridflow.algorithms import build_algorithm
     from hybridflow.config import ExperimentConfig
     from hybridflow.placement import RoleMesh
     from hybridflow.roles.model_role import (
@@ -38,9 +39,9 @@ def _parity(hf_dir: str, tp: int, pp: int, batch: dict[str, torch.Tensor]) -> di
         build_model_role,
         per_token_logprobs,
         per_token_values,
-        unwrap,
     )
     from hybridflow.trainer.rl_trainer import RLTrainer
+    from megatron_adapters.checkpoint import unwrap
     from megatron_adapters.cpu_backend import compute_device
     from megatron_adapters.forward_backward import run_forward_backward
     from megatron_adapters.process_groups import build_role_groups
@@ -53,7 +54,7 @@ def _parity(hf_dir: str, tp: int, pp: int, batch: dict[str, torch.Tensor]) -> di
     cfg = ExperimentConfig()
     cfg.algorithm.entropy_coef = 0.01  # the entropy term back-propagates too
     trainer = RLTrainer(cfg=cfg, roles={"actor": actor, "critic": critic}, meshes={}, rollout=None, scorer=None,
-                        kl_ctl=None, estimator=None, device=compute_device())
+                        kl_ctl=None, algorithm=build_algorithm(cfg), device=compute_device(), training=None)
     out: dict = {}
     for layout, budget in (("padded", 0), ("packed", BUDGET)):
         res = out[layout] = {}
