@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 import torch
 import torch.distributed as dist
 
+from hybridflow.data.step_batch import StepBatch
 from hybridflow.placement import RoleMesh
 from hybridflow.roles.exchange import share_from_role
 from hybridflow.roles.model_role import ModelRole
@@ -32,11 +33,11 @@ class RolloutRole:
     last_sync: ReshardStats | None = None
     memory: dict[str, float] = field(default_factory=dict)  # rollout/* GiB freed by sleep, taken by wake (CUDA)
 
-    def generate(self, batch) -> None:
+    def generate(self, batch: StepBatch) -> None:
         """Sample responses for this replica's rows and share tokens, masks and log-probs with every rank."""
         self.share(batch, self.generate_local(batch))
 
-    def generate_local(self, batch) -> tuple:
+    def generate_local(self, batch: StepBatch) -> tuple:
         """This replica's (tokens, response mask, log-probs) for its rows of `batch`; (None,) * 3 off the
         rollout. Collective only inside the rollout's own groups, so other ranks never wait for it."""
         rows = batch.size
@@ -53,7 +54,7 @@ class RolloutRole:
         self.step += 1
         return local
 
-    def share(self, batch, local: tuple) -> None:
+    def share(self, batch: StepBatch, local: tuple) -> None:
         """Put `generate_local`'s results of every replica into `batch` on every rank (collective over all)."""
         rows, shape = batch.size, (batch.tokens.shape[1],)
         batch.tokens = share_from_role(local[0], self.mesh, rows, shape, torch.long, self.device).cpu()

@@ -10,10 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from transformers import PreTrainedTokenizerBase
 
 from hybridflow.algorithms import build_algorithm, build_kl_controller
 from hybridflow.config import MODEL_ROLES, TRAINED_ROLES, ExperimentConfig
-from hybridflow.data import load_prompt_dataset, load_tokenizer
+from hybridflow.data import PromptDataset, load_prompt_dataset, load_tokenizer
 from hybridflow.errors import UserError
 from hybridflow.placement import Plan
 from hybridflow.placement.reshard_plan import generation_mesh
@@ -40,8 +41,8 @@ HEADS = {"actor": "lm", "ref": "lm", "critic": "value", "reward": "reward"}
 @dataclass
 class BuiltRun:
     trainer: RLTrainer
-    tokenizer: object
-    dataset: object
+    tokenizer: PreTrainedTokenizerBase
+    dataset: PromptDataset
     hf_dir: str
     work_dir: Path
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import torch
 
 from hybridflow.algorithms import DropUniformGroups
-from hybridflow.trainer.batch import StepBatch, concat_batches
+from hybridflow.data.step_batch import StepBatch, concat_batches
 
 
 def fill_batch(

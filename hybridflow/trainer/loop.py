@@ -9,11 +9,11 @@ import torch.distributed as dist
 
 from hybridflow.config import ExperimentConfig
 from hybridflow.data import PromptLoader, collate_prompts, collate_sft
+from hybridflow.data.step_batch import StepBatch, pad_columns
 from hybridflow.errors import UserError
 from hybridflow.placement import Plan
 from hybridflow.roles.model_role import copy_weights
 from hybridflow.trainer import checkpointing
-from hybridflow.trainer.batch import StepBatch, pad_columns
 from hybridflow.trainer.build import build_run
 from hybridflow.trainer.metrics import MetricsLog
 from hybridflow.trainer.validation import Validator

@@ -9,11 +9,11 @@ import torch
 
 from hybridflow.algorithms import last_masked_index
 from hybridflow.config import ExperimentConfig
+from hybridflow.data.step_batch import StepBatch
 from hybridflow.placement import RoleMesh
 from hybridflow.rewards import compute_scores, resolve_reward_fn, reward_inputs
 from hybridflow.roles.exchange import share_from_role
 from hybridflow.roles.model_role import ModelRole
-from hybridflow.trainer.batch import StepBatch
 
 
 def rule_inputs(tokenizer, batch: StepBatch):

@@ -50,6 +50,7 @@ from hybridflow.algorithms import (
     ActorLossConfig,
     Algorithm,
     CriticLossConfig,
+    KLController,
     actor_loss,
     critic_loss,
     kl_estimator,
@@ -62,10 +63,12 @@ from hybridflow.algorithms import (
 from hybridflow.algorithms.losses.truncated_is import truncated_is_weights
 from hybridflow.config import ExperimentConfig
 from hybridflow.data.packing import as_rows
+from hybridflow.data.step_batch import StepBatch
+from hybridflow.placement import RoleMesh
 from hybridflow.roles.exchange import share_from_role
 from hybridflow.roles.groups import TrainingGroup
 from hybridflow.roles.model_role import ModelRole, per_token_logprobs, per_token_values
-from hybridflow.trainer.batch import StepBatch
+from hybridflow.roles.rollout_role import RolloutRole
 from hybridflow.trainer.dynamic_sampling import fill_batch
 from hybridflow.trainer.rewarding import Scorer
 from megatron_adapters.cpu_backend import compute_device
@@ -99,10 +102,10 @@ TRIM_MULTIPLE = 64
 class RLTrainer:
     cfg: ExperimentConfig
     roles: dict[str, ModelRole]  # the model roles this rank holds (actor, critic, ref, reward)
-    meshes: dict  # every enabled role's RoleMesh (also for roles this rank does not hold)
-    rollout: object  # hybridflow.roles.rollout_role.RolloutRole
+    meshes: dict[str, RoleMesh]  # every enabled role's mesh (also for roles this rank does not hold)
+    rollout: RolloutRole
     scorer: Scorer
-    kl_ctl: object
+    kl_ctl: KLController
     algorithm: Algorithm
     device: torch.device
     training: TrainingGroup

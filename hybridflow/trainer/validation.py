@@ -16,9 +16,9 @@ from hybridflow.config import ExperimentConfig
 from hybridflow.data import collate_prompts, drop_overlong, load_prompt_dataset
 from hybridflow.data.chat import render_chat_rows
 from hybridflow.data.prompts import PromptDataset
+from hybridflow.data.step_batch import StepBatch
 from hybridflow.data.tasks import builtin_task, held_out_rows, is_builtin
 from hybridflow.errors import UserError
-from hybridflow.trainer.batch import StepBatch
 
 NUM_BUILTIN_TRAIN = 8192  # load_prompt_dataset's default size of a built-in training set
 

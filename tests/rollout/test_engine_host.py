@@ -133,11 +133,11 @@ def _native_engine(hf_dir: str, mesh):
 def _hosted_vs_in_process(hf_dir: str):
     import torch.distributed as dist
 
+    from hybridflow.data.step_batch import StepBatch
     from hybridflow.placement import RoleMesh
     from hybridflow.placement.reshard_plan import GenerationLayout, TrainingLayout, build_reshard_plan
     from hybridflow.roles.rollout_role import RolloutRole, build_rollout_role
     from hybridflow.rollout.engine_host import start_hosted_engine
-    from hybridflow.trainer.batch import StepBatch
     from megatron_adapters.bridge import TargetFormat, WeightBridge
     from megatron_adapters.hf_safetensors import load_hf_weights
     from megatron_adapters.model import build_gpt, model_shape

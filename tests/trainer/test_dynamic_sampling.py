@@ -3,7 +3,7 @@
 import torch
 
 from hybridflow.algorithms import DropUniformGroups
-from hybridflow.trainer.batch import StepBatch, concat_batches
+from hybridflow.data.step_batch import StepBatch, concat_batches
 from hybridflow.trainer.dynamic_sampling import fill_batch
 
 

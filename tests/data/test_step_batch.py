@@ -2,7 +2,7 @@
 
 import torch
 
-from hybridflow.trainer.batch import StepBatch
+from hybridflow.data.step_batch import StepBatch
 
 
 def _batch(prompt_lens, response_lens, width):
