@@ -67,6 +67,15 @@ class ModelRole:
     # Sequence packing (`roles.<role>.max_tokens_per_micro_batch`): 0 = fixed `micro_batch_size` rows.
     max_tokens_per_micro_batch: int = 0
 
+    def save_hf(self, out_dir: str | Path, hf_dir: str | Path) -> None:
+        """Write this role's model as an HF checkpoint in `out_dir`, its config.json taken from `hf_dir`.
+        Collective over the role's ranks (DP replicas > 0 write nothing)."""
+        save_hf_weights(unwrap(self.model), out_dir, hf_dir)
+
+    def load_hf(self, hf_dir: str | Path) -> None:
+        """Load an HF checkpoint into this rank's shards of the model."""
+        load_hf_weights(unwrap(self.model), hf_dir)
+
     def logprobs(
         self, logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0, with_entropy: bool = False
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -230,10 +239,10 @@ def build_model_role(
 def copy_weights(src: ModelRole | None, dst: ModelRole | None, via_dir: Path, hf_dir: str) -> None:
     """Give `dst` the weights of `src` through an HF checkpoint in `via_dir` (any two meshes; collective)."""
     if src is not None:
-        save_hf_weights(unwrap(src.model), via_dir, hf_dir)
+        src.save_hf(via_dir, hf_dir)
     torch.distributed.barrier()
     if dst is not None:
-        load_hf_weights(unwrap(dst.model), via_dir)
+        dst.load_hf(via_dir)
 
 
 def absent_from_role(trained: bool) -> None:

@@ -17,8 +17,6 @@ from hybridflow.trainer import checkpointing
 from hybridflow.trainer.build import build_run
 from hybridflow.trainer.metrics import MetricsLog
 from hybridflow.trainer.validation import Validator
-from megatron_adapters.checkpoint import unwrap
-from megatron_adapters.hf_safetensors import load_hf_weights, save_hf_weights
 
 
 def next_step_batch(loader: PromptLoader, tokenizer, cfg: ExperimentConfig) -> StepBatch:
@@ -77,7 +75,7 @@ def train(cfg: ExperimentConfig, plan: Plan) -> dict[str, float]:
         trainer.ready = state.get("ready")  # lag 1: the batch generated before the checkpoint, not yet trained on
         trainer.rollout.sync(trainer.roles.get("actor"))
         if cfg.trainer.warmup_sft_steps and "ref" in trainer.roles:
-            load_hf_weights(unwrap(trainer.roles["ref"].model), sft_dir)
+            trainer.roles["ref"].load_hf(sft_dir)
     log = MetricsLog(work_dir, cfg.trainer.total_steps, start, active=dist.get_rank() == 0)
     if resume_from is None:
         warmup(trainer, PromptLoader(built.dataset, tokenizer, batch, cfg.data.max_prompt_length, seed=seed + 1),
@@ -100,6 +98,6 @@ def train(cfg: ExperimentConfig, plan: Plan) -> dict[str, float]:
                 "step": step + 1, "loader": loader.state_dict(), "kl": trainer.kl_ctl.state_dict(),
                 "rollout_step": trainer.rollout.step, "ready": trainer.ready})
     if "actor" in trainer.roles:
-        save_hf_weights(unwrap(trainer.roles["actor"].model), work_dir / "final_hf", built.hf_dir)
+        trainer.roles["actor"].save_hf(work_dir / "final_hf", built.hf_dir)
     log.close()
     return metrics
