@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from transformers import PreTrainedTokenizerBase
 
 from hybridflow.algorithms import last_masked_index
 from hybridflow.config import ExperimentConfig
@@ -16,7 +17,7 @@ from hybridflow.roles.exchange import share_from_role
 from hybridflow.roles.model_role import ModelRole
 
 
-def rule_inputs(tokenizer, batch: StepBatch):
+def rule_inputs(tokenizer: PreTrainedTokenizerBase, batch: StepBatch):
     """Decode prompts and responses of a right-padded batch for a reward function."""
     cols = torch.arange(batch.tokens.shape[1])
     prompt_mask = (cols[None, :] < batch.prompt_lens[:, None]).long()
@@ -34,8 +35,8 @@ class Scorer:
 
 
 def build_scorer(
-    cfg: ExperimentConfig, tokenizer, reward_role: ModelRole | None, reward_mesh: RoleMesh | None,
-    device: torch.device,
+    cfg: ExperimentConfig, tokenizer: PreTrainedTokenizerBase, reward_role: ModelRole | None,
+    reward_mesh: RoleMesh | None, device: torch.device,
 ) -> Scorer:
     """The rule-based function named by `reward.fn`, or the reward model's scalar head."""
     if not cfg.reward.use_model:
