@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import multiprocessing
 import os
 import sys
 import uuid
@@ -119,8 +120,9 @@ def launch_local(plan: Plan, entrypoint: Callable[..., Any] | str, args: Sequenc
                  run_id: str | None = None, stop_grace_s: int = 10) -> dict[int, Any]:
     """Run `entrypoint(*args)` in one process per rank of a one-node plan; return {rank: return value}.
 
-    Workers call `hybridflow.launch.init_distributed(dist_cfg)` to join the group. Callables are forked on
-    machines without CUDA (fast: torch is already imported) and spawned otherwise (CUDA cannot be forked).
+    Workers call `hybridflow.launch.init_distributed(dist_cfg)` to join the group. Callables are forked from a
+    fork server on machines without CUDA (fast: it imported their module once) and spawned otherwise (CUDA
+    cannot be forked).
     `stop_grace_s` is how long surviving ranks get between SIGTERM and SIGKILL once one rank has failed.
     """
     if plan.nodes != 1:
@@ -143,13 +145,20 @@ def launch_ranks(nproc: int, entrypoint: Callable[..., Any] | str, args: Sequenc
 
     The one way hybridflow starts local ranks (`launch_local` for a plan, `hybridflow.convert` for its
     conversion ranks). `devices` is the workers' CUDA_VISIBLE_DEVICES ("" hides every GPU);
-    `start_method` defaults to fork without CUDA and spawn with it. `quiet`: the ranks' output goes only to
+    `start_method` defaults to forkserver without CUDA and spawn with it. `quiet`: the ranks' output goes only to
     their log files and the agent prints nothing, so the caller alone reports (a CLI's one-line error).
     Raises `LaunchError` naming the rank that failed first.
     """
     logs = RankLogsSpecs(str(log_dir), tee=not quiet)
+    target, target_args = _entrypoint(entrypoint, args)
     if start_method is None:
-        start_method = "spawn" if torch.cuda.is_available() else "fork"
+        start_method = "spawn" if torch.cuda.is_available() else "forkserver"
+    if start_method == "forkserver" and callable(target):
+        # Not plain fork: the agent's store thread resolves peer addresses (getnameinfo) while later ranks
+        # are forked, and a child forked while it holds glibc's resolver lock hangs in its own store connect
+        # (seen: 1 launch in 3 on the CI machine, whose DNS lookups time out). The fork server is
+        # single-threaded; it imports the entrypoint's module once, so ranks still start without re-importing.
+        multiprocessing.get_context("forkserver").set_forkserver_preload([target.__module__])
     options = dict(
         min_nodes=1, max_nodes=1, nproc_per_node=nproc,
         run_id=run_id or f"hybridflow-{uuid.uuid4().hex[:8]}",
@@ -160,7 +169,6 @@ def launch_ranks(nproc: int, entrypoint: Callable[..., Any] | str, args: Sequenc
     if "shutdown_timeout" in {f.name for f in dataclasses.fields(LaunchConfig)}:  # newer torch only
         options["shutdown_timeout"] = stop_grace_s
     config = LaunchConfig(**options)
-    target, target_args = _entrypoint(entrypoint, args)
     with _environ({"CUDA_VISIBLE_DEVICES": devices}), _agent_logs_silenced(quiet):
         try:
             return elastic_launch(config, target)(*target_args)
