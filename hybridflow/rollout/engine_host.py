@@ -20,6 +20,7 @@ groups, on any subset of the GPUs and at any TP the planner accepts.
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import sys
@@ -67,24 +68,17 @@ class StagingLayout:
             offset, items = 0, []
             for name, shape in shapes.items():
                 items.append((name, offset, tuple(shape)))
-                offset += -(-_numel(shape) // ALIGN) * ALIGN
+                offset += -(-math.prod(shape) // ALIGN) * ALIGN
             buckets.append(tuple(items))
             numel = max(numel, offset)
         return cls(tuple(buckets), numel)
 
     def bucket(self, buffer: torch.Tensor, index: int) -> list[tuple[str, torch.Tensor]]:
-        return [(name, buffer[o : o + _numel(s)].view(s)) for name, o, s in self.buckets[index]]
+        return [(name, buffer[o : o + math.prod(s)].view(s)) for name, o, s in self.buckets[index]]
 
     def views(self, buffer: torch.Tensor) -> dict[str, torch.Tensor]:
         """Every tensor's view (views of different buckets overlap: write one bucket at a time)."""
         return {name: view for i in range(len(self.buckets)) for name, view in self.bucket(buffer, i)}
-
-
-def _numel(shape: Sequence[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 # An engine builder runs in the engine process: (its args..., the rollout mesh over engine ranks) -> engine.
