@@ -14,6 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from megatron_adapters.model import build_gpt  # noqa: E402
 from megatron_adapters.process_groups import build_role_groups, seed_role_rng  # noqa: E402
+from tests.megatron_adapters.tiny_hf_models import LLAMA  # noqa: E402
 
 
 def main(out: str) -> None:
@@ -21,16 +22,9 @@ def main(out: str) -> None:
     os.environ.setdefault("MASTER_PORT", "29534")
     dist.init_process_group("nccl", rank=0, world_size=1)
     torch.cuda.set_device(0)
-    cfg = LlamaConfig(
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=2,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        vocab_size=1000,
-        max_position_embeddings=256,
-        architectures=["LlamaForCausalLM"],
-    )
+    # the tests' tiny Llama, widened so the fused kernels see a realistic head_dim (32) and a 256-token sequence
+    cfg = LlamaConfig(**{**LLAMA, "hidden_size": 256, "intermediate_size": 512, "num_key_value_heads": 2,
+                         "vocab_size": 1000, "max_position_embeddings": 256})
     pg = build_role_groups([0], 1, 1, 1)
     ids = torch.randint(0, 1000, (2, 256), device="cuda")
     pos = torch.arange(256, device="cuda").expand(2, 256)

@@ -1,7 +1,8 @@
 """vLLM's own model classes hold exactly the bridge's output (GPU with vLLM installed; skipped otherwise).
 
-vLLM loads a small random HF checkpoint with its own loader; the bridge reshards the same weights from a
-megatron TP1 layout (built with the models helper's loader transform); every vLLM parameter must match.
+vLLM loads a small random HF checkpoint (from the tests' tiny-model factory) with its own loader; the bridge
+reshards the same weights from a megatron TP1 layout (built with the models helper's loader transform); every
+vLLM parameter must match.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from megatron_adapters.bridge import GenerationLayout, TargetFormat, TrainingLay
 from megatron_adapters.hf_weights import ShardSpec, hf_to_mcore_shard
 from megatron_adapters.model import model_shape, padded_vocab_size
 from tests.megatron_adapters.bridge.bridge_fixtures import hf_reader
+from tests.megatron_adapters.tiny_hf_models import save_tiny_model
 
 pytestmark = pytest.mark.gpu
 
@@ -23,8 +25,9 @@ def _vllm_parameters(model_dir: str) -> dict[str, torch.Tensor]:
     vllm = pytest.importorskip("vllm")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+    # fp32 as saved (vLLM would downcast to bf16), so the comparison below can be exact
     llm = vllm.LLM(model=model_dir, tensor_parallel_size=1, enforce_eager=True, gpu_memory_utilization=0.2,
-                   skip_tokenizer_init=True)  # the checkpoint has weights and config only
+                   dtype="float32", skip_tokenizer_init=True)  # the checkpoint has weights and config only
     per_worker = llm.apply_model(lambda model: {n: p.detach().cpu() for n, p in model.named_parameters()})
     return per_worker[0]
 
@@ -32,30 +35,17 @@ def _vllm_parameters(model_dir: str) -> dict[str, torch.Tensor]:
 def test_vllm_llama_holds_the_bridge_output(tmp_path):
     pytest.importorskip("vllm")
     import torch.distributed as dist
-    from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(
-        vocab_size=1100,
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        tie_word_embeddings=False,
-        torch_dtype="bfloat16",
-    )
-    torch.manual_seed(0)
-    hf = LlamaForCausalLM(cfg).to(torch.bfloat16)
-    hf.save_pretrained(tmp_path)
+    # head_dim 16 (4 query heads over 2 KV groups): vLLM's fp32 attention backends take it
+    hf = save_tiny_model("llama", tmp_path, num_attention_heads=4, num_key_value_heads=2)
     state = {n: t.detach() for n, t in hf.state_dict().items()}
     held = _vllm_parameters(str(tmp_path))
 
     if not dist.is_initialized():  # vLLM in-process normally initialises a 1-rank world itself
         dist.init_process_group("gloo", init_method="tcp://127.0.0.1:29533", rank=0, world_size=1)
-    shape = model_shape(cfg)
+    shape = model_shape(hf.config)
     plan = build_reshard_plan(TrainingLayout((0,), 1, 1, 1), GenerationLayout((0,), 1))
-    bridge = WeightBridge(plan, shape, TargetFormat.VLLM, dtype=torch.bfloat16, device=torch.device("cpu"))
+    bridge = WeightBridge(plan, shape, TargetFormat.VLLM, dtype=torch.float32, device=torch.device("cpu"))
     spec = ShardSpec(1, 0, padded_vocab_size(shape.vocab_size, 1))
     src = {t.entry.mcore: hf_to_mcore_shard(t.entry, hf_reader(state), shape, spec) for t in bridge.tensors}
     out, _ = bridge.reshard(src)
