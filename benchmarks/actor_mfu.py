@@ -32,7 +32,6 @@ from transformers import LlamaConfig
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hybridflow.placement.auto.workload import ModelCostShape  # noqa: E402
-from hybridflow.placement.param_count import layer_matmul_params  # noqa: E402
 from megatron_adapters.cpu_backend import enable_cpu_backend  # noqa: E402
 from megatron_adapters.model import build_gpt  # noqa: E402
 from megatron_adapters.process_groups import build_role_groups, seed_role_rng  # noqa: E402
@@ -93,22 +92,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def cost_shape(cfg: LlamaConfig) -> ModelCostShape:
+    """The planner's shape of `cfg`, whose FLOP formula both MFUs below use."""
+    return ModelCostShape(cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.num_attention_heads,
+                          cfg.num_key_value_heads, cfg.vocab_size, tie_embeddings=cfg.tie_word_embeddings)
+
+
 def model_flops_per_token(cfg: LlamaConfig, seq: int, passes: int = 3) -> float:
-    """passes * (2 * matmul params (+ LM head) + 4 * L * s * (heads * head_dim)); see the module docstring.
+    """PaLM's convention (see the module docstring): attention over the full `seq`.
 
     `passes` = 3 for forward + backward, 1 for a forward."""
-    h, f, L = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
-    d = h // cfg.num_attention_heads
-    per_layer = layer_matmul_params(h, f, cfg.num_key_value_heads * d, q_dim=cfg.num_attention_heads * d)
-    matmul_params = L * per_layer + h * cfg.vocab_size
-    return passes * (2 * matmul_params + 4 * L * seq * cfg.num_attention_heads * d)
+    return passes * cost_shape(cfg).forward_flops_per_token(seq)
 
 
 def cost_model_flops_per_token(cfg: LlamaConfig, seq: int, passes: int = 3) -> float:
-    """The auto planner's FLOPs for the same token (causal mean context seq / 2)."""
-    shape = ModelCostShape(cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.num_attention_heads,
-                       cfg.num_key_value_heads, cfg.vocab_size, tie_embeddings=cfg.tie_word_embeddings)
-    return passes * shape.forward_flops_per_token(seq / 2)
+    """The auto planner's convention for the same token: the causal mean context seq / 2."""
+    return passes * cost_shape(cfg).forward_flops_per_token(seq / 2)
 
 
 def init_single_process(port: int = 29533) -> torch.device:

@@ -15,20 +15,13 @@ recomputation is not counted.
 from __future__ import annotations
 
 from hybridflow.config import ModelConfig
-from hybridflow.placement.param_count import layer_matmul_params
-
-
-def matmul_params(model: ModelConfig) -> int:
-    """N of the formula: per layer q, k, v, o and SwiGLU gate, up, down weights, plus the lm head."""
-    h, kv = model.hidden_size, model.num_key_value_heads * model.head_dim
-    layer = layer_matmul_params(h, model.intermediate_size, kv)
-    return model.num_hidden_layers * layer + model.vocab_size * h
+from hybridflow.placement.auto.from_config import model_shape
 
 
 def actor_update_flops(model: ModelConfig, tokens: float, mean_seq_len: float, ppo_epochs: int) -> float:
-    """Model FLOPs of `ppo_epochs` forward+backward passes over `tokens` tokens (see the module docstring)."""
-    per_token = 6 * matmul_params(model) + 12 * model.num_hidden_layers * model.hidden_size * mean_seq_len
-    return ppo_epochs * tokens * per_token
+    """Model FLOPs of `ppo_epochs` forward+backward passes over `tokens` tokens (see the module docstring):
+    3x the planner's forward FLOPs, attending over the full mean length (PaLM's convention)."""
+    return ppo_epochs * tokens * 3 * model_shape(model, "actor").forward_flops_per_token(mean_seq_len)
 
 
 def mfu(flops: float, seconds: float, gpus: int, peak_tflops: float) -> float:

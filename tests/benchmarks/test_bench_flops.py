@@ -2,8 +2,9 @@
 
 import pytest
 
-from benchmarks.flops import actor_update_flops, matmul_params, mfu
+from benchmarks.flops import actor_update_flops, mfu
 from hybridflow.config import ModelConfig
+from hybridflow.placement.auto.from_config import model_shape
 
 
 def _model() -> ModelConfig:
@@ -15,7 +16,7 @@ def test_matmul_params_by_hand():
     # per layer: q, o 64x64 each; k, v 64x32 each (2 kv heads x head dim 16); gate, up, down 64x160 each
     layer = 2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 160
     assert layer == 43008
-    assert matmul_params(_model()) == 3 * 43008 + 100 * 64  # + lm head
+    assert model_shape(_model(), "actor").matmul_params == 3 * 43008 + 100 * 64  # + lm head
 
 
 def test_actor_update_flops_by_hand():

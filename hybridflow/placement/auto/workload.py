@@ -35,9 +35,12 @@ class ModelCostShape:
         return self.hidden_size // self.num_heads
 
     @property
+    def layer_matmul_params(self) -> int:
+        return layer_matmul_params(self.hidden_size, self.intermediate_size, self.num_kv_heads * self.head_dim)
+
+    @property
     def layer_params(self) -> int:
-        matmuls = layer_matmul_params(self.hidden_size, self.intermediate_size, self.num_kv_heads * self.head_dim)
-        return matmuls + 2 * self.hidden_size  # + two RMSNorm weights
+        return self.layer_matmul_params + 2 * self.hidden_size  # + two RMSNorm weights
 
     @property
     def output_params(self) -> int:
@@ -51,17 +54,20 @@ class ModelCostShape:
         return self.num_layers * self.layer_params + embedding + (0 if tied else self.output_params)
 
     @property
+    def matmul_params(self) -> int:
+        """Weights that are multiplied per token: every layer's matmuls and the output projection (not the
+        embedding, a lookup, nor the norms)."""
+        return self.num_layers * self.layer_matmul_params + self.output_params
+
+    @property
     def weight_bytes(self) -> int:
         return self.params * self.dtype_bytes
 
     def forward_flops_per_token(self, context: float) -> float:
-        """Matmul FLOPs of one token's forward pass attending to `context` earlier tokens on average.
-
-        2 FLOPs per weight of every matmul (the embedding lookup is free) plus QK^T and AV (2 * 2 * h per
-        attended token and layer).
-        """
-        dense = 2 * (self.num_layers * self.layer_params + self.output_params)
-        return dense + 4 * self.num_layers * self.hidden_size * context
+        """Matmul FLOPs of one token's forward pass attending to `context` earlier tokens on average: 2 per
+        matmul weight plus QK^T and AV (2 * 2 * h per attended token and layer). The project's one FLOP
+        formula: the planner passes the causal mean context (seq / 2), PaLM-style MFU the full seq."""
+        return 2 * self.matmul_params + 4 * self.num_layers * self.hidden_size * context
 
     @property
     def kv_bytes_per_token(self) -> int:

@@ -36,8 +36,9 @@ def test_training_on_one_gpu_is_six_flops_per_param_token_over_achievable_rate()
     actor = wl.role("actor")
     m = actor.model
     tokens = wl.samples * wl.sequence_length
-    flops = 3 * tokens * (2 * (m.num_layers * m.layer_params + m.output_params)
-                          + 4 * m.num_layers * m.hidden_size * wl.sequence_length / 2)
+    h, kv = m.hidden_size, m.num_kv_heads * m.head_dim
+    matmuls = m.num_layers * (2 * h * h + 2 * h * kv + 3 * h * m.intermediate_size) + m.vocab_size * h
+    flops = 3 * tokens * (2 * matmuls + 4 * m.num_layers * h * wl.sequence_length / 2)
     adam = m.params * 32 / (A100.hbm_bytes_per_s * EFF.hbm_efficiency)
     expected = flops / (A100.peak_flops * EFF.train_mfu) + adam
     assert training_time(actor, Strategy(1, 1, 1), wl, A100, EFF) == pytest.approx(expected, rel=1e-9)
