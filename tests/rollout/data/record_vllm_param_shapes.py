@@ -55,16 +55,13 @@ TINY_MODELS = {
 
 
 def write_hf_checkpoint(spec: dict, out_dir: Path) -> dict[str, torch.Tensor]:
-    """Save a random HF model of `spec` to out_dir and return its state dict."""
-    import transformers
+    """Save a random HF model of `spec` (the tests' tiny-model factory, these shapes) to out_dir and return
+    its state dict."""
+    from tests.megatron_adapters.tiny_hf_models import save_tiny_model
 
-    arch = spec["architecture"]
-    config_cls = {"LlamaForCausalLM": transformers.LlamaConfig, "Qwen2ForCausalLM": transformers.Qwen2Config}[arch]
+    kind = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}[spec["architecture"]]
     fields = {k: v for k, v in spec.items() if k != "architecture"}
-    config = config_cls(max_position_embeddings=128, torch_dtype="float32", **fields)
-    torch.manual_seed(0)
-    model = getattr(transformers, arch)(config)
-    model.save_pretrained(out_dir, safe_serialization=True)
+    model = save_tiny_model(kind, out_dir, max_position_embeddings=128, **fields)
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
