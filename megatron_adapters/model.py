@@ -21,7 +21,8 @@ from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
 from transformers import AutoConfig, PretrainedConfig
 
-from megatron_adapters.specs import layer_spec, resolve_spec_name
+from megatron_adapters.packed_rotary import is_thd, per_token_rotary, with_host_offsets
+from megatron_adapters.specs import HOST_OFFSET_SPECS, layer_spec, resolve_spec_name
 
 # HF `architectures[0]` -> family. The *ForSequenceClassification forms are reward models.
 SUPPORTED_ARCHITECTURES: dict[str, str] = {
@@ -235,6 +236,25 @@ class HFGPTModel(GPTModel):
             return super().tie_embeddings_and_output_weights_state_dict(
                 sharded_state_dict, output_layer_weight_key, first_stage_word_emb_key, metadata
             )
+
+    def _one_pass_packed_rotary(self, packed_seq_params) -> bool:
+        """Packed input, a spec that takes host offsets, and megatron's unfused RoPE (megatron_adapters.
+        packed_rotary: one RoPE pass per layer instead of one per packed sequence)."""
+        return (is_thd(packed_seq_params) and self.spec_name in HOST_OFFSET_SPECS
+                and not self.config.apply_rope_fusion)
+
+    def forward(self, *args, packed_seq_params=None, **kwargs):
+        """GPTModel.forward; packed input gets host offsets for RoPE (see `_one_pass_packed_rotary`)."""
+        if self._one_pass_packed_rotary(packed_seq_params):
+            packed_seq_params = with_host_offsets(packed_seq_params)
+        return super().forward(*args, packed_seq_params=packed_seq_params, **kwargs)
+
+    def _preprocess(self, input_ids, position_ids, *args, packed_seq_params=None, **kwargs):
+        """GPTModel._preprocess; for packed input the rotary table has one row per token (its position)."""
+        out = super()._preprocess(input_ids, position_ids, *args, packed_seq_params=packed_seq_params, **kwargs)
+        if out[1] is None or not self._one_pass_packed_rotary(packed_seq_params):
+            return out
+        return (out[0], per_token_rotary(out[1], position_ids), *out[2:])
 
 
 @contextlib.contextmanager

@@ -67,6 +67,11 @@ LAYER_SPECS: dict[str, Callable[[TransformerConfig], ModuleSpec]] = {
     "local": _local_spec,
 }
 
+# Specs whose core attention reads only `cu_seqlens_q/kv` of PackedSeqParams, so the `*_padded` fields may carry
+# a host copy of the offsets for megatron's RoPE (megatron_adapters.packed_rotary); not "te", whose attention
+# reads them itself on the device, nor "local", whose attention has no packed path.
+HOST_OFFSET_SPECS = frozenset({"sdpa", "decode"})
+
 
 def transformer_engine_available() -> bool:
     """Whether Transformer Engine can be imported (decides what ``spec="auto"`` means)."""
