@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The single-GPU figures of benchmarks/README.md, in one go on a GPU machine that has torch + transformers.
 #   benchmarks/h200_figures.sh OUT_DIR [STAGE ...]      stages: gpu-tests decode throughput trl calibrate
+#                                                       vllm-generate packing
 #   (default: the first four; calibrate = the cost model's MFU and decode figures at the Llama-3-8B shape)
 # Pure-Python dependencies the machine lacks (megatron-core, hydra-core, omegaconf, antlr4; trl, datasets, dill,
 # multiprocess for the trl stage) are installed from wheels in .whl/ (and .carry/trl/) when present.
@@ -56,7 +57,9 @@ for s in "${stages[@]}"; do
     gpu-tests)
         # one process per listed path: two vLLM engines in one process would share vLLM's global groups
         for t in ${GPU_TESTS:-tests}; do
-            stage "gpu-tests-$(basename "$t" .py)" "${GPU_TESTS_S:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider "$t"
+            # shellcheck disable=SC2086  # GPU_TESTS_ARGS is a list of flags (-rP keeps passed tests' output)
+            stage "gpu-tests-$(basename "$t" .py)" "${GPU_TESTS_S:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider \
+                ${GPU_TESTS_ARGS:-} "$t"
         done ;;
     decode)
         # shellcheck disable=SC2086  # DECODE_ARGS is a list of flags
@@ -92,7 +95,13 @@ for s in "${stages[@]}"; do
             echo "== $name: rc=$? in $((SECONDS - start))s" | tee -a "$out/calibrate.log"
             grep -E "^mode=|^\{\"batch\"" "$work/calibrate/$name.log" | tee -a "$out/calibrate.log"
         done ;;
-    *) echo "unknown stage $s (use gpu-tests, decode, throughput, trl, calibrate)" >&2 ;;
+    vllm-generate)
+        # shellcheck disable=SC2086  # VLLM_GENERATE_ARGS is a list of flags
+        stage vllm-generate "${VLLM_GENERATE_S:-240}" python3 -m benchmarks.vllm_generate \
+            --out "$work/vllm_generate" ${VLLM_GENERATE_ARGS:-} ;;
+    packing)
+        stage packing "${PACKING_S:-240}" python3 benchmarks/packing_profile.py --out "$work/packing_profile" ;;
+    *) echo "unknown stage $s (use gpu-tests, decode, throughput, trl, calibrate, vllm-generate, packing)" >&2 ;;
     esac
 done
 # Everything small the stages wrote (tables, JSON, PNG, metrics, logs) in one archive.

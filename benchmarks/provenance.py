@@ -20,7 +20,13 @@ def _git(*args: str) -> str:
 
 
 def commit() -> str:
-    """Short HEAD, with `-dirty` when tracked files differ from it (figures from uncommitted code)."""
+    """Short HEAD, with `-dirty` when tracked files differ from it (figures from uncommitted code).
+
+    `HYBRIDFLOW_COMMIT` wins when set: the GPU machine's copy of the tree carries stale git metadata, so a
+    run there names the commit it was sent from (`HYBRIDFLOW_COMMIT=$(git rev-parse --short HEAD)` here).
+    """
+    if os.environ.get("HYBRIDFLOW_COMMIT"):
+        return os.environ["HYBRIDFLOW_COMMIT"]
     head = _git("rev-parse", "--short", "HEAD").strip() or "unknown"
     return head + ("-dirty" if _git("status", "--porcelain", "--untracked-files=no").strip() else "")
 
