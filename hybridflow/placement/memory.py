@@ -19,8 +19,23 @@ Parts and the rules used (P = parameters held by the GPU: its pipeline stage's s
                `selective` recompute (or flash attention) drops the a*s term; `full` keeps only the layer
                input (h) per layer plus one layer's full activations while it is recomputed.
                Training (1F1B): stage p holds min(pp - p, n_microbatches) micro-batches of its L/pp layers.
-               The LM head's fp32 logits add s x b x V_padded / t x 4 bytes on the last stage (actor, ref).
-               Forward-only roles (ref, reward) keep one layer's activations plus the logits.
+               The LM head's fp32 logits add N x V_padded / t x 4 bytes on the last stage (actor, ref), N the
+               micro-batch's tokens. Forward-only roles (ref, reward) keep one layer's activations plus the logits.
+               Micro-batch shape: N = micro_batch_size x data.seq_length (padded rows), s = data.seq_length,
+               n_microbatches = mini_batch_size / (dp x micro_batch_size). With sequence packing
+               (`roles.<role>.max_tokens_per_micro_batch` = B > 0; ref's unset value is the actor's) a
+               micro-batch is one row of whole samples, each at most S = min(max_prompt_length +
+               max_new_tokens, seq_length) tokens:
+                 N = min(B, R x S) rounded up to a multiple of t under sequence parallelism (the runtime pads
+                     it so), R = the replica's samples per schedule call (mini_batch_size / dp for training,
+                     train_batch_size x n_samples_per_prompt / dp for a forward pass);
+                 s = S: attention runs per sample (varlen kernels or a block-diagonal mask), so one query's
+                     softmax spans at most its own sample, not the whole packed row;
+                 n_microbatches = ceil(R / floor(B / S)): first-fit decreasing opens a micro-batch only when
+                     every open one is too full for a sample, which leaves each holding >= floor(B / S)
+                     samples; this bounds the runtime's count (the largest over DP replicas) for any lengths.
+               The supervised warm-up (`trainer.warmup_sft_steps`) trains the actor on padded rows even when it
+               packs (its tensors carry no sample lengths), so the actor then takes the larger of both shapes.
   kv_cache     rollout only. vllm: gpu_memory_utilization x capacity - weights (vLLM pre-allocates it).
                megatron: what the batch needs, 2 (K,V) x L/pp x max(kv_heads/t, 1) x head_dim x dtype bytes
                per token, for (prompts x samples / DP) sequences of data.seq_length tokens.
@@ -109,6 +124,51 @@ def activation_bytes_per_token_layer(
     return b * (sharded / tp + whole)
 
 
+@dataclass(frozen=True)
+class MicroBatchShape:
+    """One micro-batch of a model role as the memory model sees it: `rows` rows of `row_tokens` tokens whose
+    queries attend over at most `attention_span` keys (the s of a*s), `count` of them per schedule call on a
+    DP replica (training: per mini-batch). Packed micro-batches are one row (megatron's thd layout)."""
+
+    rows: int
+    row_tokens: int
+    attention_span: int
+    count: int
+
+    @property
+    def tokens(self) -> int:
+        return self.rows * self.row_tokens
+
+
+def token_budget(cfg: ExperimentConfig, role: str) -> int:
+    """`roles.<role>.max_tokens_per_micro_batch` as the run uses it: 0 = no packing. Ref's unset value is the
+    actor's (what `load_experiment` fills in; repeated here so a config built by hand reads the same)."""
+    budget = cfg.roles.get(role).max_tokens_per_micro_batch
+    if budget is None and role == Role.REF:
+        budget = cfg.roles.actor.max_tokens_per_micro_batch
+    return budget or 0
+
+
+def micro_batch_shape(
+    cfg: ExperimentConfig, role: str, dp: int, pad_to: int = 1, packed: bool = True
+) -> MicroBatchShape:
+    """The largest micro-batch `role` runs at data-parallel size `dp` (module docstring, "Micro-batch shape").
+    `pad_to`: packed micro-batches are padded to a multiple of it (tp under sequence parallelism);
+    `packed=False` gives the padded shape even when the role packs (the actor's supervised warm-up)."""
+    seq, mbs = cfg.data.seq_length, cfg.roles.get(role).micro_batch_size
+    budget = token_budget(cfg, role) if packed else 0
+    if not budget:
+        return MicroBatchShape(rows=mbs, row_tokens=seq, attention_span=seq,
+                               count=max(1, cfg.algorithm.mini_batch_size // (dp * mbs)))
+    samples = (cfg.algorithm.mini_batch_size if role in TRAINED_ROLES
+               else cfg.data.train_batch_size * cfg.rollout.n_samples_per_prompt)
+    per_replica = max(1, math.ceil(samples / dp))
+    longest = min(cfg.data.max_prompt_length + cfg.rollout.max_new_tokens, seq)
+    tokens = math.ceil(min(budget, per_replica * longest) / pad_to) * pad_to
+    return MicroBatchShape(rows=1, row_tokens=tokens, attention_span=min(longest, budget),
+                           count=math.ceil(per_replica / max(1, budget // longest)))
+
+
 def estimate_role_memory(
     model: ModelConfig,
     role: str,
@@ -132,24 +192,39 @@ def estimate_role_memory(
         weights = 0 if shares_actor_weights else params * DTYPE_BYTES[cfg.rollout.dtype or model.dtype]
         return _rollout_memory(model, tp, pp, dp, cfg, weights)
     weights = params * DTYPE_BYTES[model.dtype]
-    seq, mbs = cfg.data.seq_length, role_cfg.micro_batch_size
     sp = bool(role_cfg.parallel.sequence_parallel) and tp > 1
-    per_layer = activation_bytes_per_token_layer(model, seq, tp, sp, role_cfg.activation_recompute)
-    logits = seq * mbs * padded_vocab(model, tp) // tp * 4 if role in (Role.ACTOR, Role.REF) and stage == pp - 1 else 0
-    layers = model.num_hidden_layers // pp
+    pad_to = tp if sp else 1
+    activations = _activation_bytes(model, role, dims, cfg, stage, micro_batch_shape(cfg, role, dp, pad_to))
+    if role == Role.ACTOR and cfg.trainer.warmup_sft_steps and token_budget(cfg, role):
+        # The warm-up's padded micro-batches run on the same GPUs: the run needs room for the larger.
+        padded = micro_batch_shape(cfg, role, dp, pad_to, packed=False)
+        activations = max(activations, _activation_bytes(model, role, dims, cfg, stage, padded))
     if role not in TRAINED_ROLES:
-        return MemoryEstimate(weights=weights, activations=int(per_layer * seq * mbs) + logits)
-    full_layer = activation_bytes_per_token_layer(model, seq, tp, sp, "selective")
-    microbatches = max(1, cfg.algorithm.mini_batch_size // (dp * mbs))
-    in_flight = min(pp - stage, microbatches)
-    activations = per_layer * seq * mbs * layers * in_flight
-    if role_cfg.activation_recompute == "full":
-        activations += full_layer * seq * mbs  # the layer being recomputed
+        return MemoryEstimate(weights=weights, activations=activations)
     master = 0 if model.dtype == "fp32" else 4
     optimizer = 0 if role_cfg.offload_optimizer else math.ceil(params * (master + 8) / dp)
-    return MemoryEstimate(
-        weights=weights, grads=params * GRAD_BYTES, optimizer=optimizer, activations=int(activations) + logits
-    )
+    return MemoryEstimate(weights=weights, grads=params * GRAD_BYTES, optimizer=optimizer, activations=activations)
+
+
+def _activation_bytes(
+    model: ModelConfig, role: str, dims: ParallelDims, cfg: ExperimentConfig, stage: int, shape: MicroBatchShape
+) -> int:
+    """Activations (with the LM head's logits) of `role` on pipeline stage `stage` for micro-batches of `shape`."""
+    tp, pp = dims.tp, dims.pp
+    role_cfg = cfg.roles.get(role)
+    sp = bool(role_cfg.parallel.sequence_parallel) and tp > 1
+    # rows x row_tokens, in this order, keeps unpacked figures bit-identical to the mbs x seq form.
+    seq, mbs = shape.row_tokens, shape.rows
+    per_layer = activation_bytes_per_token_layer(model, shape.attention_span, tp, sp, role_cfg.activation_recompute)
+    logits = seq * mbs * padded_vocab(model, tp) // tp * 4 if role in (Role.ACTOR, Role.REF) and stage == pp - 1 else 0
+    if role not in TRAINED_ROLES:
+        return int(per_layer * seq * mbs) + logits
+    full_layer = activation_bytes_per_token_layer(model, shape.attention_span, tp, sp, "selective")
+    in_flight = min(pp - stage, shape.count)
+    activations = per_layer * seq * mbs * (model.num_hidden_layers // pp) * in_flight
+    if role_cfg.activation_recompute == "full":
+        activations += full_layer * seq * mbs  # the layer being recomputed
+    return int(activations) + logits
 
 
 def kv_bytes_per_token(model: ModelConfig, tp: int, pp: int, dtype: str) -> int:
