@@ -1,6 +1,7 @@
 """One-step-off asynchronous rollout end to end on CPU (`trainer.rollout_lag=1`, rollout on ranks 2-3, every
 other role on 0-1): the reward rises, the samples really come from the weights one update old, and a run
 killed after step 3 resumes bit for bit (the batch generated before the checkpoint is restored with it).
+`placement=auto` at lag 1 runs the plan its search picks (the rollout on GPUs the actor does not hold).
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from tests.trainer.run_helpers import algorithmic, kill_after_step, rl_records, run, start
-from tests.trainer.test_train_e2e import QUICK, _rise
+from tests.trainer.test_train_e2e import AUTO, QUICK, _rise
 
 pytestmark = pytest.mark.slow
 
@@ -28,6 +29,21 @@ def test_reward_rises_with_the_rollout_one_step_behind(tmp_path):
     assert all(r["offpolicy/max_abs"] > 1e-3 for r in records[1:]), [r["offpolicy/max_abs"] for r in records]
     assert all("parity/max_abs" not in r for r in records)
     assert all("critic/vf_loss" in r and "actor/pg_loss" in r and "rollout/generate_s" in r for r in records)
+
+
+def test_auto_placement_at_lag_1_runs_its_plan(tmp_path):
+    from hybridflow.config import load_experiment
+    from hybridflow.placement import plan_placement
+
+    plan = plan_placement(load_experiment("tiny_cpu", [*AUTO, "trainer.rollout_lag=1"]))
+    assert not set(plan.meshes["actor"].ranks) & set(plan.meshes["rollout"].ranks), plan.meshes
+    run(tmp_path, "+experiment=tiny_cpu", *AUTO, "trainer.rollout_lag=1", "trainer.total_steps=2",
+        "trainer.save_every=0")
+    records = rl_records(tmp_path)
+    assert [r["step"] for r in records] == [1, 2]
+    assert all("critic/vf_loss" in r and "actor/pg_loss" in r and "rollout/generate_s" in r for r in records)
+    # Step 2 trained on samples of the weights before update 1: the lag really was one step.
+    assert records[1]["offpolicy/max_abs"] > 1e-3 and "parity/max_abs" not in records[1]
 
 
 @pytest.fixture(scope="module")

@@ -69,3 +69,19 @@ def bridge_time(weight_bytes: float, tp: int, pp: int, gen_tp: int, device: Devi
     if tp * pp <= device.gpus_per_node:
         return volume / _intra(device, eff) + eff.nvlink_latency_s
     return volume / (device.inter_bytes_per_s * eff.network_efficiency) + eff.network_latency_s
+
+
+def split_sync_time(weight_bytes: float, tp: int, pp: int, dp: int, gen_tp: int, gen_dp: int,
+                    same_node: bool, device: DeviceSpec, eff: Efficiency) -> float:
+    """Time of the weight sync into a rollout on GPUs the actor does not hold (rollout_lag=1).
+
+    The split reshard plan (placement/reshard_plan.py) feeds generation replica j from training replica
+    j % dp point to point: each rollout GPU receives its whole generation shard M / gen_tp, and each actor
+    GPU sends its training shard M / (tp * pp) once per generation replica it feeds. The busier side sets
+    the time, over NVLink when both sets lie in one node, else over the network.
+    """
+    receive = weight_bytes / gen_tp
+    send = weight_bytes / (tp * pp) * -(-gen_dp // dp)  # ceil: replicas fed per training replica
+    if same_node:
+        return max(receive, send) / _intra(device, eff) + eff.nvlink_latency_s
+    return max(receive, send) / (device.inter_bytes_per_s * eff.network_efficiency) + eff.network_latency_s

@@ -90,7 +90,9 @@ def inference_breakdown(role: RoleWork, s: Strategy, workload: Workload, device:
 
 def generation_breakdown(role: RoleWork, s: Strategy, workload: Workload, device: DeviceSpec,
                          eff: Efficiency, kv_bytes: float) -> Breakdown:
-    """Rollout at (gen_tp, gen_dp) on the actor's GPUs with `kv_bytes` per GPU of KV cache.
+    """Rollout at (gen_tp, gen_dp) with `kv_bytes` per GPU of KV cache, on the actor's GPUs (the bridge is
+    charged here) or on its own at rollout_lag=1 (tp = gen_tp, pp 1: no in-place bridge; the split sync is
+    charged per candidate, overlap.py).
 
     Every component is inf when not one sequence's KV cache fits.
     """

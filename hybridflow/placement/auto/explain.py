@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hybridflow.placement.auto.overlap import OneStepOff
 from hybridflow.placement.auto.search import Candidate, SearchResult
-from hybridflow.placement.auto.workload import GENERATION, STAGES
+from hybridflow.placement.auto.set_solver import RoleChoice
+from hybridflow.placement.auto.workload import GENERATION, ROLLOUT, STAGES
 
 
 def describe_sets(cand: Candidate) -> str:
@@ -31,10 +33,15 @@ class Explanation:
     runners_up: list[RunnerUp]
     calibration: list[tuple[str, float, str]]  # (figure, value, source)
     stats: dict[str, int]
+    one_step_off: dict[str, float] | None = None  # rollout_lag=1: the terms of overlap.OneStepOff
 
     def format(self, limit: int = 6) -> str:
         lines = [f"auto placement: {self.chosen}   predicted {self.total_s:.1f} s / iteration",
                  "  " + "   ".join(f"{s} {t:.1f} s" for s, t in self.stage_s.items())]
+        if self.one_step_off is not None:
+            lines.append("  one step off (trainer.rollout_lag=1): the rollout generates batch k+1 on GPUs the "
+                         "actor does not hold while batch k is prepared and trained: "
+                         + _overlap_text(OneStepOff(**self.one_step_off)))
         lines += [f"  {role:<7} {text}" for role, text in self.strategies.items()]
         lines += [f"  memory {sets}: {gib:.2f} GiB/GPU" for sets, gib in self.memory_gib.items()]
         lines += ["why: " + self.why, "runners-up:"]
@@ -48,9 +55,22 @@ class Explanation:
 
     def to_json(self) -> dict:
         return {"chosen": self.chosen, "total_s": self.total_s, "stage_s": self.stage_s,
+                "one_step_off": self.one_step_off,
                 "strategies": self.strategies, "memory_gib": self.memory_gib, "why": self.why,
                 "runners_up": [r.__dict__ for r in self.runners_up],
                 "calibration": [list(c) for c in self.calibration], "stats": self.stats}
+
+
+def _overlap_text(o: OneStepOff) -> str:
+    return (f"max(generation {o.generate_s:.1f} s, preparation + training {o.consume_s:.1f} s) + scoring "
+            f"{o.score_s:.1f} s + weight sync {o.sync_s:.1f} s")
+
+
+def _label(choice: RoleChoice, gpus: int) -> str:
+    s = choice.strategy
+    if choice.role == ROLLOUT:  # on GPUs of its own: its layout is the generation layout
+        return f"gen tp{s.gen_tp} dp{s.gen_dp}  on {gpus} GPUs of its own, one step off"
+    return s.label() + f"  on {gpus} GPUs"
 
 
 def _actor_gpus(cand: Candidate) -> int:
@@ -82,13 +102,29 @@ def _loss_reason(loser: Candidate, winner: Candidate) -> str:
             detail += f" (the actor has {_actor_gpus(loser)} GPUs, not {_actor_gpus(winner)})"
         parts.append(f"{stage} +{deltas[stage]:.1f} s: {detail}{_parts(loser, winner, stage)}")
     gains = [f"{s} {deltas[s]:.1f} s" for s in STAGES if deltas[s] < -0.05]
+    if loser.overlap is not None:  # stage maxima alone do not add up to the total at lag 1
+        head = _overlap_text(loser.overlap)
+        return head + (": " + "; ".join(parts) if parts else "") + (f" (it gains {', '.join(gains)})" if gains else "")
     text = "; ".join(parts) if parts else "ties on every stage (kept the earlier candidate)"
     return text + (f" (it gains {', '.join(gains)})" if gains else "")
+
+
+def _why_one_step_off(chosen: Candidate, others: list[Candidate]) -> str:
+    o = chosen.overlap
+    assert o is not None
+    bound = "generation" if o.generate_s >= o.consume_s else "preparation + training"
+    text = (f"one step off, {bound} bound: {_overlap_text(o)}; the overlap hides {o.hidden_s:.1f} s that "
+            "the stages would take one after another")
+    if others:
+        text += f"; the next best, {describe_sets(others[0])}, takes {others[0].total:.1f} s"
+    return text
 
 
 def _why(result: SearchResult) -> str:
     chosen = result.chosen
     others = [p.best for p in result.runners_up if p.best is not None]
+    if chosen.overlap is not None:
+        return _why_one_step_off(chosen, others)
     if not others:
         return "the only placement that fits memory"
     if len(chosen.sets) == 1:
@@ -113,7 +149,7 @@ def _why(result: SearchResult) -> str:
 def explain(result: SearchResult) -> Explanation:
     """The chosen plan, its predicted stage times, and every other partition with why it lost."""
     chosen = result.chosen
-    strategies = {c.role: c.strategy.label() + f"  on {s.gpus} GPUs" for s in chosen.sets for c in s.choices}
+    strategies = {c.role: _label(c, s.gpus) for s in chosen.sets for c in s.choices}
     memory = {"{" + ", ".join(s.roles) + "}": s.memory_bytes / 2**30 for s in chosen.sets}
     runners = []
     for p in result.runners_up:
@@ -123,5 +159,6 @@ def explain(result: SearchResult) -> Explanation:
         else:
             runners.append(RunnerUp(describe_sets(p.best), p.best.total, dict(p.best.stage_times),
                                     _loss_reason(p.best, chosen)))
+    overlap = dict(chosen.overlap.__dict__) if chosen.overlap is not None else None
     return Explanation(describe_sets(chosen), chosen.total, dict(chosen.stage_times), strategies, memory,
-                       _why(result), runners, result.efficiency.report(), result.stats)
+                       _why(result), runners, result.efficiency.report(), result.stats, overlap)

@@ -17,10 +17,12 @@ from hybridflow.placement.auto.strategy import Strategy
 from hybridflow.placement.auto.workload import (
     GENERATION,
     PREPARATION,
+    ROLLOUT,
     TRAINING,
     ModelCostShape,
     RoleWork,
     Workload,
+    split_rollout,
 )
 from hybridflow.placement.checks import check_batch_sizes
 from hybridflow.placement.memory import GIB, estimate_role_memory
@@ -44,18 +46,28 @@ def model_shape(model: ModelConfig, role: str) -> ModelCostShape:
                       head="value" if role in VALUE_HEAD_ROLES else "lm")
 
 
+def one_step_off(cfg: ExperimentConfig) -> bool:
+    """trainer.rollout_lag=1 on the native engine: the rollout is searched as a role on GPUs of its own.
+
+    vLLM at lag 1 is planned as at lag 0, so build_plan's check_rollout_lag refuses it with its own reason.
+    """
+    return bool(cfg.trainer.rollout_lag) and cfg.rollout.engine == "megatron"
+
+
 def workload_from_config(cfg: ExperimentConfig) -> Workload:
-    """Roles taking part (the rollout rides on the actor's set), batch and lengths from `cfg`."""
+    """Roles taking part, batch and lengths from `cfg`. The rollout rides on the actor's set, or at
+    trainer.rollout_lag=1 (native engine) is a role of its own that the search keeps off the actor's GPUs."""
     roles = tuple(
         RoleWork(name, model_shape(cfg.role_model(name), name), stages, cfg.roles.get(name).micro_batch_size)
         for name, stages in _STAGES.items() if cfg.roles.get(name).enabled)
-    return Workload(roles=roles, prompts=cfg.data.train_batch_size,
+    lag = one_step_off(cfg)
+    return Workload(roles=split_rollout(roles) if lag else roles, prompts=cfg.data.train_batch_size,
                     samples_per_prompt=cfg.rollout.n_samples_per_prompt,
                     prompt_length=cfg.data.max_prompt_length,
                     response_length=cfg.data.seq_length - cfg.data.max_prompt_length,
                     mini_batch_size=cfg.algorithm.mini_batch_size, ppo_epochs=cfg.algorithm.ppo_epochs,
                     rollout_offloads_weights=cfg.rollout.engine == "vllm" and cfg.rollout.sleep_level == 1,
-                    rollout_engine=cfg.rollout.engine)
+                    rollout_engine=cfg.rollout.engine, rollout_lag=int(lag))
 
 
 def rollout_dims(s: Strategy) -> Dims:
@@ -66,12 +78,16 @@ def memory_from_config(cfg: ExperimentConfig) -> MemoryFn:
     """The foundation's `estimate_role_memory` as the search's memory callable (worst pipeline stage).
 
     The actor's figure adds the rollout colocated with it at (gen_tp, pp 1, gen_dp); a native rollout at
-    the actor's exact layout shares its weights, as `build_plan` counts it.
+    the actor's exact layout shares its weights, as `build_plan` counts it. A rollout on GPUs of its own
+    (rollout_lag=1) counts only itself: no actor weights to share.
     """
     same_dtype = (cfg.rollout.dtype or cfg.model.dtype) == cfg.model.dtype
 
     def memory(role: str, s: Strategy) -> tuple[float, float] | None:
         try:
+            if role == ROLLOUT:
+                own = estimate_role_memory(cfg.model, ROLLOUT, rollout_dims(s), cfg)
+                return float(own.total), float(own.kv_cache)
             est = estimate_role_memory(cfg.role_model(role), role, Dims(s.tp, s.pp, s.dp), cfg)
             if not s.gen_tp:
                 return float(est.total), 0.0
@@ -108,8 +124,8 @@ def plan_from_candidate(cfg: ExperimentConfig, cand: Candidate) -> Plan:
         for choice in set_solution.choices:
             s = choice.strategy
             ranks[choice.role] = tuple(rank_range)
-            dims[choice.role] = Dims(s.tp, s.pp, s.dp)
-            if s.gen_tp:
+            dims[choice.role] = Dims(s.tp, s.pp, s.dp)  # a rollout of its own: its generation layout
+            if s.gen_tp and choice.role != ROLLOUT:  # the actor's colocated rollout
                 ranks["rollout"] = tuple(rank_range)
                 dims["rollout"] = rollout_dims(s)
     return build_plan(cfg, ranks, dims)

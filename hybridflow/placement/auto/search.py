@@ -7,6 +7,9 @@ for each partition of the roles into colocation sets:
         stage time = sum over a set's roles active in the stage, max over sets (sets run in parallel)
         iteration time = sum of stage times
 Keeps the best plan of every partition, so the explanation can say why each alternative lost.
+
+At trainer.rollout_lag=1 the rollout is a role of its own that never shares a set with the actor, and the
+iteration time overlaps its generation with the other stages (overlap.py).
 """
 
 from __future__ import annotations
@@ -16,9 +19,10 @@ from dataclasses import dataclass, field
 
 from hybridflow.errors import UserError
 from hybridflow.placement.auto.device import DeviceSpec, Efficiency
+from hybridflow.placement.auto.overlap import OneStepOff, one_step_off
 from hybridflow.placement.auto.partitions import allocations, rank_ranges, set_partitions, set_sizes
 from hybridflow.placement.auto.set_solver import MemoryFn, SetSolution, SetSolver
-from hybridflow.placement.auto.workload import STAGES, Workload
+from hybridflow.placement.auto.workload import ROLLOUT, STAGES, Workload
 
 
 @dataclass(frozen=True)
@@ -27,10 +31,13 @@ class Candidate:
 
     sets: tuple[SetSolution, ...]
     ranks: tuple[range, ...]
-    stage_times: dict[str, float]
+    stage_times: dict[str, float]  # per stage, the slowest set's time
+    overlap: OneStepOff | None = None  # rollout_lag=1: how generation overlaps the other stages
 
     @property
     def total(self) -> float:
+        if self.overlap is not None:
+            return self.overlap.total
         return sum(self.stage_times.values())
 
     @property
@@ -65,9 +72,12 @@ class SearchResult:
         return [p for p in self.partitions if p.best is not self.chosen]
 
 
-def _candidate(sets: tuple[SetSolution, ...], sizes: tuple[int, ...], gpus_per_node: int) -> Candidate:
+def _candidate(sets: tuple[SetSolution, ...], sizes: tuple[int, ...], solver: SetSolver) -> Candidate:
     times = {stage: max(s.stage_time(stage) for s in sets) for stage in STAGES}
-    return Candidate(sets, tuple(rank_ranges(sizes, gpus_per_node)), times)
+    ranks = tuple(rank_ranges(sizes, solver.device.gpus_per_node))
+    wl = solver.workload
+    overlap = one_step_off(sets, ranks, wl, solver.device, solver.eff) if wl.rollout_lag else None
+    return Candidate(sets, ranks, times, overlap)
 
 
 def _search_partition(partition, solver: SetSolver, device: DeviceSpec) -> PartitionResult:
@@ -94,7 +104,7 @@ def _search_partition(partition, solver: SetSolver, device: DeviceSpec) -> Parti
     for alloc in allocations(world, gpn, minimum, allowed):
         result.allocations_tried += 1
         sets = tuple(solver.solve(roles, n) for roles, n in zip(partition, alloc, strict=True))
-        cand = _candidate(sets, alloc, gpn)
+        cand = _candidate(sets, alloc, solver)
         if result.best is None or cand.total < result.best.total:
             result.best = cand
     if result.best is None:
@@ -111,6 +121,22 @@ def _respects(partition: tuple[tuple[str, ...], ...], must_share: tuple[tuple[st
     return True
 
 
+def _rollout_apart(partition: tuple[tuple[str, ...], ...]) -> bool:
+    """No set holds both the actor and the rollout (what rollout_lag=1 needs to overlap them)."""
+    return not any("actor" in s and ROLLOUT in s for s in partition)
+
+
+def _check_lag_fits(device: DeviceSpec, partitions: list) -> None:
+    """rollout_lag=1 needs GPUs beside the actor's; say so rather than "nothing fits"."""
+    if device.world_size < 2:
+        raise UserError(f"trainer.rollout_lag: 1 generates on GPUs the actor does not hold, but the cluster has "
+                        f"{device.world_size} GPU; set trainer.rollout_lag=0 or give the cluster at least 2 GPUs "
+                        "(cluster.gpus_per_node, cluster.nodes)")
+    if not partitions:
+        raise UserError("trainer.rollout_lag: 1 needs the rollout on GPUs the actor does not hold, but "
+                        "placement.colocate puts them together; drop that group or set trainer.rollout_lag=0")
+
+
 def search(workload: Workload, device: DeviceSpec, memory: MemoryFn, eff: Efficiency | None = None,
            capacity_bytes: float | None = None,
            must_share: tuple[tuple[str, ...], ...] = ()) -> SearchResult:
@@ -118,13 +144,17 @@ def search(workload: Workload, device: DeviceSpec, memory: MemoryFn, eff: Effici
 
     `memory(role, strategy)` is the memory estimator (bytes per GPU); the search never returns a plan whose
     colocated roles add up to more than `capacity_bytes` (default: the GPU's memory). `must_share` lists
-    role groups the user requires colocated (placement.colocate). Deterministic: enumeration orders are
+    role groups the user requires colocated (placement.colocate). At `workload.rollout_lag` 1 only partitions
+    with the rollout apart from the actor are searched. Deterministic: enumeration orders are
     fixed and ties keep the earlier candidate (the colocated partition comes first).
     """
     eff = eff or Efficiency()
     capacity = device.memory_bytes if capacity_bytes is None else capacity_bytes
     solver = SetSolver(workload, device, eff, memory, capacity)
     partitions = [p for p in set_partitions(workload.role_names) if _respects(p, must_share)]
+    if workload.rollout_lag:
+        partitions = [p for p in partitions if _rollout_apart(p)]
+        _check_lag_fits(device, partitions)
     results = [_search_partition(p, solver, device) for p in partitions]
     feasible = sorted((r for r in results if r.best is not None), key=lambda r: r.best.total)
     infeasible = [r for r in results if r.best is None]

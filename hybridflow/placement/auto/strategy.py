@@ -14,9 +14,10 @@ MAX_PP = 16
 
 @dataclass(frozen=True, order=True)
 class Strategy:
-    """A role's mesh on `tp * pp * dp` GPUs; `gen_tp` is the rollout's TP (actor only, 0 otherwise).
+    """A role's mesh on `tp * pp * dp` GPUs; `gen_tp` is the rollout's TP (a generating role only, else 0).
 
-    Generation runs without pipeline (p_g = 1) on the same GPUs, dp_g = GPUs / gen_tp.
+    Generation runs without pipeline (p_g = 1) on the same GPUs, dp_g = GPUs / gen_tp. A rollout on GPUs of
+    its own (`RoleWork.generates_only`) has only its generation layout: tp = gen_tp, pp = 1.
     """
 
     tp: int
@@ -58,7 +59,10 @@ def strategies_for(role: RoleWork, gpus: int, device: DeviceSpec, workload: Work
     divides the role's batch (a trained role's optimizer step, otherwise all samples) so every rank gets
     whole micro-batches. The actor adds every rollout TP that divides its training TP: the bridge's
     zero-redundancy grouping takes generation TP groups at stride t / t_g inside each training TP group.
+    A generation-only rollout (rollout_lag=1) takes only generation layouts.
     """
+    if role.generates_only:
+        return _rollout_strategies(role, gpus, device, workload)
     out: list[Strategy] = []
     batch = workload.mini_batch_size if role.trains else workload.samples
     for tp in _powers_of_two_upto(min(device.nvlink_domain, gpus)):
@@ -79,3 +83,8 @@ def strategies_for(role: RoleWork, gpus: int, device: DeviceSpec, workload: Work
                 out.append(Strategy(tp, pp, dp, gen_tp))
     return out
 
+
+def _rollout_strategies(role: RoleWork, gpus: int, device: DeviceSpec, workload: Workload) -> list[Strategy]:
+    """A rollout alone on `gpus` GPUs: every TP inside one NVLink domain whose DP splits the prompts."""
+    return [Strategy(g, 1, gpus // g, g) for g in _powers_of_two_upto(min(device.nvlink_domain, gpus))
+            if gpus % g == 0 and _tp_ok(g, role) and workload.prompts % (gpus // g) == 0]

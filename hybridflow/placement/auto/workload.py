@@ -14,6 +14,8 @@ from hybridflow.placement.param_count import layer_matmul_params
 # actor, reference, critic and reward models score the responses), then training of actor and critic.
 GENERATION, PREPARATION, TRAINING = "generation", "preparation", "training"
 STAGES = (GENERATION, PREPARATION, TRAINING)
+# The role that generates on GPUs of its own at trainer.rollout_lag=1 (`split_rollout`).
+ROLLOUT = "rollout"
 
 
 @dataclass(frozen=True)
@@ -91,13 +93,20 @@ class RoleWork:
     def generates(self) -> bool:
         return GENERATION in self.stages
 
+    @property
+    def generates_only(self) -> bool:
+        """A rollout on GPUs of its own: no training layout, its mesh is the generation layout."""
+        return self.stages == (GENERATION,)
+
 
 @dataclass(frozen=True)
 class Workload:
     """Batch figures of one iteration and the roles that take part.
 
-    The actor carries generation: the rollout engine lives on the actor's GPUs and receives its weights
-    through the resharding bridge (HybridFlow's 3D-HybridEngine), so it is not a separate set member.
+    At `rollout_lag` 0 the actor carries generation: the rollout engine lives on the actor's GPUs and
+    receives its weights through the resharding bridge (HybridFlow's 3D-HybridEngine), so it is not a
+    separate set member. At `rollout_lag` 1 (one-step-off) generation is a `ROLLOUT` role of its own
+    (`split_rollout`) that the search keeps off the actor's GPUs.
     """
 
     roles: tuple[RoleWork, ...]
@@ -113,6 +122,12 @@ class Workload:
     # "vllm" (HybridFlow's setting) or "megatron" (the native engine, which streams at its own measured rate,
     # `Efficiency.native_decode_hbm_efficiency`).
     rollout_engine: str = "vllm"
+    # 1: the rollout generates batch k+1 on its own GPUs while the other roles consume batch k.
+    rollout_lag: int = 0
+
+    def __post_init__(self) -> None:
+        if self.rollout_lag and not any(r.name == ROLLOUT and r.generates_only for r in self.roles):
+            raise ValueError("Workload: rollout_lag=1 needs a generation-only 'rollout' role (split_rollout)")
 
     @property
     def samples(self) -> int:
@@ -145,6 +160,21 @@ def ppo_roles(actor: ModelCostShape, critic: ModelCostShape | None, reward: Mode
     if reward is not None:
         roles.append(RoleWork("reward", reward, (PREPARATION,), micro_batch_size))
     return tuple(roles)
+
+
+def split_rollout(roles: tuple[RoleWork, ...]) -> tuple[RoleWork, ...]:
+    """The roles of a one-step-off run: the actor hands GENERATION to a `ROLLOUT` role of its own model
+    (appended last), keeping preparation (old log-probs) and training."""
+    out: list[RoleWork] = []
+    rollout: RoleWork | None = None
+    for r in roles:
+        if r.generates:
+            rollout = RoleWork(ROLLOUT, r.model, (GENERATION,))
+            r = RoleWork(r.name, r.model, tuple(s for s in r.stages if s != GENERATION), r.micro_batch_size)
+        out.append(r)
+    if rollout is None:
+        raise ValueError("split_rollout: no role generates")
+    return (*out, rollout)
 
 
 # Llama 2 (7B, 13B, 70B) and Code Llama 34B shapes, the models of HybridFlow's evaluation.
