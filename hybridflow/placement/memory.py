@@ -141,12 +141,9 @@ class MicroBatchShape:
 
 
 def token_budget(cfg: ExperimentConfig, role: str) -> int:
-    """`roles.<role>.max_tokens_per_micro_batch` as the run uses it: 0 = no packing. Ref's unset value is the
-    actor's (what `load_experiment` fills in; repeated here so a config built by hand reads the same)."""
-    budget = cfg.roles.get(role).max_tokens_per_micro_batch
-    if budget is None and role == Role.REF:
-        budget = cfg.roles.actor.max_tokens_per_micro_batch
-    return budget or 0
+    """`roles.<role>.max_tokens_per_micro_batch` as the run uses it: 0 = no packing (ref's unset value was
+    filled with the actor's by `load_experiment`)."""
+    return cfg.roles.get(role).max_tokens_per_micro_batch or 0
 
 
 def micro_batch_shape(
