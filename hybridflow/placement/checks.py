@@ -122,10 +122,12 @@ def check_rollout_lag(cfg: ExperimentConfig, meshes: dict[str, RoleMesh]) -> Non
     if not cfg.trainer.rollout_lag or "rollout" not in meshes or "actor" not in meshes:
         return
     if cfg.rollout.engine == "vllm":
+        own_gpus = ("(placement=auto then plans its own GPUs)" if cfg.placement.mode == "auto"
+                    else "with placement.resources.rollout on GPUs the actor does not hold")
         raise UserError(
             "trainer.rollout_lag: 1 with rollout.engine=vllm has never run (it needs a rollout on GPUs of its own, "
             "and no multi-GPU machine was available to verify it); set trainer.rollout_lag=0, or "
-            "rollout.engine=megatron with placement.resources.rollout on GPUs the actor does not hold"
+            f"rollout.engine=megatron {own_gpus}"
         )
     shared = sorted(set(meshes["actor"].ranks) & set(meshes["rollout"].ranks))
     if shared:
