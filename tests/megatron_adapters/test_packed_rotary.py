@@ -8,6 +8,7 @@ from transformers import LlamaConfig
 
 from megatron_adapters.packed_rotary import per_token_rotary, with_host_offsets
 from tests.distributed_harness import run_distributed
+from tests.megatron_adapters.tiny_hf_models import LLAMA
 
 LENGTHS = (7, 3, 9, 1)  # the last one stands for the padding segment of a packed micro-batch
 LAYERS = 2
@@ -20,12 +21,10 @@ def _packed_vs_alone() -> dict:
     from megatron_adapters.model import build_gpt
     from megatron_adapters.process_groups import build_role_groups
 
-    cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=LAYERS, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=50, max_position_embeddings=64, rope_theta=500000.0,
-                      architectures=["LlamaForCausalLM"])
+    cfg = LlamaConfig(**{**LLAMA, "num_hidden_layers": LAYERS})  # the tests' tiny Llama, two layers
     groups = build_role_groups([0], tp=1, pp=1, dp=1)
     model = build_gpt(cfg, groups, spec="sdpa").eval()
-    ids = torch.randint(0, 50, (1, sum(LENGTHS)), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(0, cfg.vocab_size, (1, sum(LENGTHS)), generator=torch.Generator().manual_seed(0))
     cu = torch.tensor([0, *LENGTHS], dtype=torch.int32).cumsum(0, dtype=torch.int32)
     positions = torch.cat([torch.arange(n) for n in LENGTHS])[None, :]
 
