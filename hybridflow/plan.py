@@ -15,7 +15,8 @@ from hybridflow.config import load_experiment, split_argv
 from hybridflow.errors import cli_errors
 from hybridflow.placement import plan_placement
 from hybridflow.placement.auto import search_placement
-from hybridflow.placement.auto.predict import predict_stage_times
+from hybridflow.placement.auto.explain import overlap_text
+from hybridflow.placement.auto.predict import plan_candidate
 from hybridflow.placement.report import format_plan
 
 
@@ -44,13 +45,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\n" + explanation.format())
         stage_s = explanation.stage_s
     else:
-        stage_s = predict_stage_times(cfg, plan)
+        predicted = plan_candidate(cfg, plan)
+        stage_s = dict(predicted.stage_times)
         stages = ", ".join(f"{name} {t:.1f} s" for name, t in stage_s.items())
-        print(f"\npredicted step time: {sum(stage_s.values()):.1f} s ({stages}; cost model for "
+        print(f"\npredicted step time: {predicted.total:.1f} s ({stages}; cost model for "
               f"{cfg.cluster.gpu_type})")
+        if predicted.overlap is not None:
+            print(f"  one step off (trainer.rollout_lag=1): {overlap_text(predicted.overlap)}")
     out = Path(args.out).resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"experiment": cfg.name, **plan.to_json(), "predicted_stage_s": stage_s,
+                               "predicted_step_s": explanation.total_s if explanation else predicted.total,
                                **({"auto": explanation.to_json()} if explanation else {})}, indent=1))
     print(f"wrote {out}")
     print("next: " + shlex.join(["python", "-m", "hybridflow.run", *args.overrides]))

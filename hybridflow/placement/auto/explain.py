@@ -41,7 +41,7 @@ class Explanation:
         if self.one_step_off is not None:
             lines.append("  one step off (trainer.rollout_lag=1): the rollout generates batch k+1 on GPUs the "
                          "actor does not hold while batch k is prepared and trained: "
-                         + _overlap_text(OneStepOff(**self.one_step_off)))
+                         + overlap_text(OneStepOff(**self.one_step_off)))
         lines += [f"  {role:<7} {text}" for role, text in self.strategies.items()]
         lines += [f"  memory {sets}: {gib:.2f} GiB/GPU" for sets, gib in self.memory_gib.items()]
         lines += ["why: " + self.why, "runners-up:"]
@@ -61,7 +61,8 @@ class Explanation:
                 "calibration": [list(c) for c in self.calibration], "stats": self.stats}
 
 
-def _overlap_text(o: OneStepOff) -> str:
+def overlap_text(o: OneStepOff) -> str:
+    """The terms of a one-step-off iteration, as the printouts show them."""
     return (f"max(generation {o.generate_s:.1f} s, preparation + training {o.consume_s:.1f} s) + scoring "
             f"{o.score_s:.1f} s + weight sync {o.sync_s:.1f} s")
 
@@ -103,7 +104,7 @@ def _loss_reason(loser: Candidate, winner: Candidate) -> str:
         parts.append(f"{stage} +{deltas[stage]:.1f} s: {detail}{_parts(loser, winner, stage)}")
     gains = [f"{s} {deltas[s]:.1f} s" for s in STAGES if deltas[s] < -0.05]
     if loser.overlap is not None:  # stage maxima alone do not add up to the total at lag 1
-        head = _overlap_text(loser.overlap)
+        head = overlap_text(loser.overlap)
         return head + (": " + "; ".join(parts) if parts else "") + (f" (it gains {', '.join(gains)})" if gains else "")
     text = "; ".join(parts) if parts else "ties on every stage (kept the earlier candidate)"
     return text + (f" (it gains {', '.join(gains)})" if gains else "")
@@ -113,7 +114,7 @@ def _why_one_step_off(chosen: Candidate, others: list[Candidate]) -> str:
     o = chosen.overlap
     assert o is not None
     bound = "generation" if o.generate_s >= o.consume_s else "preparation + training"
-    text = (f"one step off, {bound} bound: {_overlap_text(o)}; the overlap hides {o.hidden_s:.1f} s that "
+    text = (f"one step off, {bound} bound: {overlap_text(o)}; the overlap hides {o.hidden_s:.1f} s that "
             "the stages would take one after another")
     if others:
         text += f"; the next best, {describe_sets(others[0])}, takes {others[0].total:.1f} s"

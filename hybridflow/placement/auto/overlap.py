@@ -18,6 +18,7 @@ where consume_s = max over training sets (generation in front + preparation, rew
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hybridflow.placement.auto.comm import split_sync_time
@@ -61,7 +62,7 @@ def _choice(sets: tuple[SetSolution, ...], role: str) -> tuple[int, RoleChoice]:
     raise KeyError(role)
 
 
-def sync_time(sets: tuple[SetSolution, ...], ranks: tuple[range, ...], workload: Workload, device: DeviceSpec,
+def sync_time(sets: tuple[SetSolution, ...], ranks: tuple[Sequence[int], ...], workload: Workload, device: DeviceSpec,
               eff: Efficiency) -> float:
     """The actor -> rollout weight sync of a plan whose rollout is on its own GPUs."""
     a, actor = _choice(sets, "actor")
@@ -72,7 +73,7 @@ def sync_time(sets: tuple[SetSolution, ...], ranks: tuple[range, ...], workload:
                            len(nodes) == 1, device, eff)
 
 
-def one_step_off(sets: tuple[SetSolution, ...], ranks: tuple[range, ...], workload: Workload,
+def one_step_off(sets: tuple[SetSolution, ...], ranks: tuple[Sequence[int], ...], workload: Workload,
                  device: DeviceSpec, eff: Efficiency) -> OneStepOff:
     """The terms of the module docstring's formula for one candidate placement."""
     training = [s for s in sets if set(s.roles) - {ROLLOUT}]

@@ -15,6 +15,7 @@ iteration time overlaps its generation with the other stages (overlap.py).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from hybridflow.errors import UserError
@@ -30,7 +31,7 @@ class Candidate:
     """One complete placement: sets with their GPU ranges and strategies, and its predicted times."""
 
     sets: tuple[SetSolution, ...]
-    ranks: tuple[range, ...]
+    ranks: tuple[Sequence[int], ...]  # each set's global ranks
     stage_times: dict[str, float]  # per stage, the slowest set's time
     overlap: OneStepOff | None = None  # rollout_lag=1: how generation overlaps the other stages
 
@@ -72,11 +73,13 @@ class SearchResult:
         return [p for p in self.partitions if p.best is not self.chosen]
 
 
-def _candidate(sets: tuple[SetSolution, ...], sizes: tuple[int, ...], solver: SetSolver) -> Candidate:
+def compose(sets: tuple[SetSolution, ...], ranks: tuple[Sequence[int], ...], workload: Workload,
+            device: DeviceSpec, eff: Efficiency) -> Candidate:
+    """Sets with their strategies on `ranks` -> a candidate with its stage times (a set's roles add, sets run
+    in parallel) and, at rollout_lag=1, the overlap of generation with the rest. The one composition: the
+    search prices its allocations with it, `predict.plan_candidate` an explicit plan."""
     times = {stage: max(s.stage_time(stage) for s in sets) for stage in STAGES}
-    ranks = tuple(rank_ranges(sizes, solver.device.gpus_per_node))
-    wl = solver.workload
-    overlap = one_step_off(sets, ranks, wl, solver.device, solver.eff) if wl.rollout_lag else None
+    overlap = one_step_off(sets, ranks, workload, device, eff) if workload.rollout_lag else None
     return Candidate(sets, ranks, times, overlap)
 
 
@@ -104,7 +107,8 @@ def _search_partition(partition, solver: SetSolver, device: DeviceSpec) -> Parti
     for alloc in allocations(world, gpn, minimum, allowed):
         result.allocations_tried += 1
         sets = tuple(solver.solve(roles, n) for roles, n in zip(partition, alloc, strict=True))
-        cand = _candidate(sets, alloc, solver)
+        ranks = tuple(rank_ranges(alloc, gpn))
+        cand = compose(sets, ranks, solver.workload, device, solver.eff)
         if result.best is None or cand.total < result.best.total:
             result.best = cand
     if result.best is None:

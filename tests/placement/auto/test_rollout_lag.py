@@ -1,6 +1,6 @@
 """The auto search at trainer.rollout_lag=1: the rollout on GPUs of its own, generation overlapping the rest."""
 
-from dataclasses import replace
+from dataclasses import astuple, replace
 
 import pytest
 
@@ -12,6 +12,7 @@ from hybridflow.placement import plan_placement
 from hybridflow.placement.auto import search_config, search_placement, workload_from_config
 from hybridflow.placement.auto.device import DeviceSpec, Efficiency
 from hybridflow.placement.auto.from_config import plan_from_candidate
+from hybridflow.placement.auto.predict import plan_candidate
 from hybridflow.placement.auto.search import Candidate, search
 from hybridflow.placement.auto.strategy import strategies_for
 from hybridflow.placement.auto.workload import (
@@ -48,6 +49,22 @@ def test_every_partitions_best_at_lag_1_is_a_plan_build_plan_accepts():
         plan = plan_from_candidate(cfg, p.best)
         assert not set(plan.meshes["actor"].ranks) & set(plan.meshes["rollout"].ranks)
         assert not any("actor" in s and "rollout" in s for s in p.partition)
+
+
+def test_an_explicit_lag_1_plan_is_priced_with_the_overlap_as_the_search_prices_it():
+    # plan_candidate (hybridflow.plan's and the benchmarks' predictor) must give the search's own total on
+    # the plan the search chose, overlap included; else explicit and auto plans are costed differently.
+    cfg = load_experiment("tiny_cpu", LAG1)
+    chosen = search_config(cfg).chosen
+    priced = plan_candidate(cfg, plan_from_candidate(cfg, chosen))
+    assert priced.overlap is not None and astuple(priced.overlap) == pytest.approx(astuple(chosen.overlap))
+    assert priced.total == pytest.approx(chosen.total, rel=1e-9)
+    # An explicit one-step-off plan: its step is the overlap formula, below the stages' plain sum.
+    split = load_experiment("tiny_cpu", ["placement=split_rollout", "trainer.rollout_lag=1"])
+    o = plan_candidate(split, plan_placement(split))
+    assert o.total == pytest.approx(max(o.overlap.generate_s, o.overlap.consume_s) + o.overlap.score_s
+                                    + o.overlap.sync_s)
+    assert o.total < sum(o.stage_times.values())
 
 
 def test_the_printout_says_the_rollout_runs_one_step_off():
