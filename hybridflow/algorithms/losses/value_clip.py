@@ -10,9 +10,12 @@ def clipped_value_loss(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token 0.5 * max((V - R)^2, (V_clip - R)^2), V_clip = V_old + clip(V - V_old, +-cliprange).
 
-    Returns (loss, clipped) shaped like `values`; `clipped` marks tokens where the clipped term was larger.
+    Returns (loss, clipped) shaped like `values`; `clipped` marks tokens where the clip was active and its term
+    was larger. Inside the range V_clip equals V only up to rounding, so `clipped > unclipped` alone would be
+    a coin toss there.
     """
-    values_clipped = old_values + torch.clamp(values - old_values, -cliprange, cliprange)
+    delta = values - old_values
+    values_clipped = old_values + torch.clamp(delta, -cliprange, cliprange)
     unclipped = (values - returns) ** 2
     clipped = (values_clipped - returns) ** 2
-    return 0.5 * torch.maximum(unclipped, clipped), clipped > unclipped
+    return 0.5 * torch.maximum(unclipped, clipped), (delta.abs() > cliprange) & (clipped > unclipped)
