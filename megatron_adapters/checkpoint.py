@@ -98,6 +98,8 @@ def own_common_state(state, key_prefix: str, replica_id: tuple[int, ...]) -> Non
     written by a rank of its own role and read back by every rank that asks for it. Call it with the same
     arguments on the state to save and on the state to load into.
     """
+    # A hand walk, not dict_utils.dict_list_map_inplace / nested_items_iter: those do not give the leaf's
+    # path, and the key must be the same on every rank of the role and between save and load.
     items = state.items() if isinstance(state, dict) else enumerate(state)
     for key, value in list(items):
         # "/" separates a ShardedObject's key from its shard suffix, so it may not appear in the key.
