@@ -16,6 +16,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from megatron.core import dist_checkpointing
+from megatron.core.dist_checkpointing.mapping import LocalNonpersistentObject, ShardedBase, ShardedObject
+from megatron.core.dist_checkpointing.serialization import load_content_metadata
 from megatron.core.dist_checkpointing.strategies import filesystem_async
 from megatron.core.dist_checkpointing.utils import add_prefix_for_sharding
 
@@ -24,6 +26,9 @@ from megatron_adapters.model import load_hf_config
 HF_CONFIG_DIR = "hf_config"
 # Distributed-optimizer state stored so that it reloads at another DP size.
 OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
+# `save_models` checkpoints carry this in megatron's content metadata: each role's common state is then
+# stored by the role's own first rank. Checkpoints without it kept every role's common state on rank 0.
+ROLE_COMMON_FORMAT = {"hybridflow_role_common_state": 1}
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -77,12 +82,51 @@ def _prime_write_results_queue() -> None:
         filesystem_async.get_write_results_queue(mp_mode="fork")
 
 
+def _role_replica_id(model) -> tuple[int, int, int]:
+    """This rank's replica id within its role: (0, 0, 0) on the role's first rank only."""
+    pgs = unwrap(model).pg_collection
+    return pgs.tp.rank(), pgs.pp.rank(), pgs.dp_cp.rank()
+
+
+def own_common_state(state, key_prefix: str, replica_id: tuple[int, ...]) -> None:
+    """Wrap, in place, every common leaf of one role's sharded state dict in a `ShardedObject`.
+
+    `dist_checkpointing.save` writes common leaves (anything that is not a ShardedBase or a
+    LocalNonpersistentObject, e.g. the distributed optimizer's `param_state_sharding_type`) from global rank
+    0 only, and `load` hands every rank rank 0's copy: a role that rank 0 does not hold would lose them.
+    As a ShardedObject (keyed by the leaf's path, main replica on the role's first rank) the leaf is
+    written by a rank of its own role and read back by every rank that asks for it. Call it with the same
+    arguments on the state to save and on the state to load into.
+    """
+    # A hand walk, not dict_utils.dict_list_map_inplace / nested_items_iter: those do not give the leaf's
+    # path, and the key must be the same on every rank of the role and between save and load.
+    items = state.items() if isinstance(state, dict) else enumerate(state)
+    for key, value in list(items):
+        # "/" separates a ShardedObject's key from its shard suffix, so it may not appear in the key.
+        path = f"{key_prefix}.{key}".replace("/", "_")
+        if isinstance(value, (dict, list)):
+            own_common_state(value, path, replica_id)
+        elif not isinstance(value, (ShardedBase, LocalNonpersistentObject)):
+            state[key] = ShardedObject(path, value, (1,), (0,), replica_id=replica_id)
+
+
+def _role_states(models: dict[str, tuple], is_loading: bool, role_common: bool) -> dict:
+    """Each role's sharded state, keys prefixed by role name; common leaves owned by the role if asked."""
+    states = {}
+    for name, (model, optimizer) in models.items():
+        states[name] = sharded_state(model, optimizer, is_loading=is_loading, prefix=f"{name}.")
+        if role_common:
+            own_common_state(states[name], f"{name}.common", _role_replica_id(model))
+    return states
+
+
 def save_models(ckpt_dir: str | os.PathLike, models: dict[str, tuple]) -> None:
     """Save several models (name -> (model, optimizer or None)) into one dist checkpoint, keys prefixed by
-    name. Collective over the world; a rank passes only the models it holds."""
+    name. Collective over the world; a rank passes only the models it holds, and global rank 0 need hold
+    none of them (each role's common state is written by the role's first rank)."""
     _prime_write_results_queue()
-    state = {name: sharded_state(m, o, prefix=f"{name}.") for name, (m, o) in models.items()}
-    dist_checkpointing.save(state, str(ckpt_dir))
+    state = _role_states(models, is_loading=False, role_common=True)
+    dist_checkpointing.save(state, str(ckpt_dir), content_metadata=dict(ROLE_COMMON_FORMAT))
 
 
 def _materialize_optimizer_state(optimizer) -> None:
@@ -101,11 +145,16 @@ def _materialize_optimizer_state(optimizer) -> None:
 
 
 def load_models(ckpt_dir: str | os.PathLike, models: dict[str, tuple]) -> None:
-    """Load what `save_models` wrote into this rank's models (at their own TP x PP). Collective."""
+    """Load what `save_models` wrote into this rank's models (at their own TP x PP). Collective.
+
+    Checkpoints written before roles owned their common state (rank 0 then held every role) load too.
+    """
     for _, optimizer in models.values():
         if optimizer is not None:
             _materialize_optimizer_state(optimizer)
-    state = {name: sharded_state(m, o, is_loading=True, prefix=f"{name}.") for name, (m, o) in models.items()}
+    content = load_content_metadata(str(ckpt_dir)) or {}
+    role_common = all(content.get(k) == v for k, v in ROLE_COMMON_FORMAT.items())
+    state = _role_states(models, is_loading=True, role_common=role_common)
     with torch.no_grad():  # distributed-optimizer state copies into leaf tensors
         loaded = dist_checkpointing.load(state, str(ckpt_dir))
         for name, (model, optimizer) in models.items():

@@ -1,5 +1,8 @@
 """Checkpoint and resume: trained roles through megatron-core dist_checkpointing, the rest per rank.
 
+Any placement checkpoints: each trained role's state is written by the role's own ranks (its common state
+by its first rank), so global rank 0 need not hold the actor or the critic.
+
 A checkpoint is written to `step_N.partial/` and renamed to `step_N/` only after every rank finished, so
 a run killed mid-write leaves a `.partial` directory that `resume=auto` never picks.
 """
@@ -16,7 +19,6 @@ import torch.distributed as dist
 from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 
 from hybridflow.config.parallel import TRAINED_ROLES
-from hybridflow.errors import UserError
 from hybridflow.roles.model_role import ModelRole
 from megatron_adapters.checkpoint import load_models, save_models
 
@@ -44,16 +46,6 @@ def _set_rng_state(state: dict) -> None:
     if state["cuda"] is not None:
         torch.cuda.set_rng_state_all(state["cuda"])
     get_cuda_rng_tracker().set_states(state["tracker"])
-
-
-def check_checkpointable(roles: dict[str, ModelRole], meshes: dict) -> None:
-    """dist_checkpointing writes the non-tensor state from global rank 0: it must hold every trained role."""
-    for role in TRAINED_ROLES:
-        if role in meshes and 0 not in meshes[role].ranks:
-            raise UserError(
-                f"trainer.save_every: checkpoints need rank 0 to hold the {role} (it writes the common state); "
-                "put GPU 0 in its placement.resources or set trainer.save_every=0"
-            )
 
 
 def save(root: Path, step: int, roles: dict[str, ModelRole], rank_state: dict) -> Path:

@@ -61,8 +61,6 @@ def train(cfg: ExperimentConfig, plan: Plan) -> dict[str, float]:
     seed, batch = cfg.trainer.seed, cfg.data.train_batch_size
     loader = PromptLoader(built.dataset, tokenizer, batch, cfg.data.max_prompt_length, seed=seed)
     ckpt_root = work_dir / "checkpoints"
-    if cfg.trainer.save_every:
-        checkpointing.check_checkpointable(trainer.roles, trainer.meshes)
     resume_from = {"auto": checkpointing.latest_complete(ckpt_root), "never": None}.get(
         cfg.trainer.resume, Path(cfg.trainer.resume))
     start = 0

@@ -1,7 +1,8 @@
 """dist_checkpointing: a checkpoint saved at TP2 x PP2 loads at TP1 (x DP4) and at TP4 with identical logits.
 
 "Identical" is checked bit for bit against the same layout built straight from the HF weights (a different
-TP changes float reduction order, so across layouts the check is the HF tolerance instead).
+TP changes float reduction order, so across layouts the check is the HF tolerance instead). Also: optimizer
+state round-trips (and old-format checkpoints load), and roles that global rank 0 does not hold save and load.
 """
 
 import pytest
@@ -79,7 +80,11 @@ def _adam_state(role_optimizer) -> list[dict]:
 
 
 def _resume_rank(ckpt_dir):
-    from megatron_adapters.checkpoint import load_models, save_models
+    import os
+
+    from megatron.core import dist_checkpointing
+
+    from megatron_adapters.checkpoint import load_models, save_models, sharded_state
     from megatron_adapters.forward_backward import run_forward_backward
     from megatron_adapters.logprobs import token_logprobs
     from megatron_adapters.optimizer import OptimizerSettings, TrainingPrecision, build_optimizer, wrap_for_training
@@ -110,19 +115,102 @@ def _resume_rank(ckpt_dir):
     chunks, optimizer = build()
     train(chunks, optimizer, 2)
     save_models(ckpt_dir, {"actor": (chunks[0], optimizer.optimizer)})
+    # The format written before each role owned its common state: one plain dist checkpoint, rank 0's
+    # common state for all.
+    legacy_dir = f"{ckpt_dir}/legacy"
+    if dist.get_rank() == 0:
+        os.makedirs(legacy_dir)
+    dist.barrier()
+    dist_checkpointing.save({"actor": sharded_state(chunks[0], optimizer.optimizer, prefix="actor.")}, legacy_dir)
     saved = _adam_state(optimizer)
     straight = train(chunks, optimizer, 2)
     chunks, optimizer = build()
+    load_models(legacy_dir, {"actor": (chunks[0], optimizer.optimizer)})
+    legacy = _adam_state(optimizer)
+    chunks, optimizer = build()
     load_models(ckpt_dir, {"actor": (chunks[0], optimizer.optimizer)})
-    return saved, _adam_state(optimizer), straight, train(chunks, optimizer, 2)
+    return saved, _adam_state(optimizer), straight, train(chunks, optimizer, 2), legacy
 
 
 @pytest.mark.slow
 def test_optimizer_state_round_trips_and_resumed_steps_match_bit_for_bit(tmp_path):
-    for saved, loaded, straight, resumed in run_distributed(_resume_rank, 2, args=(str(tmp_path),)):
+    for saved, loaded, straight, resumed, legacy in run_distributed(_resume_rank, 2, args=(str(tmp_path),)):
         assert len({state["step_id"] for state in loaded}) == len(loaded)  # Adam advances each step itself
-        for before, after in zip(saved, loaded, strict=True):
-            assert after["step"].item() == before["step"].item() == 2  # bias correction continues at step 3
+        for before, after, old_format in zip(saved, loaded, legacy, strict=True):
+            assert after["step"].item() == before["step"].item() == old_format["step"].item() == 2  # continues at 3
             for key in ("main", "exp_avg", "exp_avg_sq"):
                 assert torch.equal(after[key], before[key]), key
+                assert torch.equal(old_format[key], before[key]), key  # old checkpoints still load
         assert all(torch.equal(a, b) for a, b in zip(straight, resumed, strict=True))
+
+
+def _optimizer_state(role_optimizer) -> dict:
+    """Adam state per parameter (as `_adam_state`) and each param group's lr, of this rank."""
+    groups = role_optimizer.optimizer.optimizer.param_groups
+    return {"adam": _adam_state(role_optimizer), "lr": [g["lr"] for g in groups]}
+
+
+def _split_roles_rank(ckpt_dir):
+    """Actor on rank 0, critic (PP2) on ranks 1-2, rank 3 in no role: rank 0 holds no critic state at all,
+    and rank 3 joins the collective save and load with nothing to save or load."""
+    from megatron_adapters.checkpoint import load_models, save_models
+    from megatron_adapters.forward_backward import run_forward_backward
+    from megatron_adapters.optimizer import (
+        OptimizerSettings,
+        TrainingPrecision,
+        build_optimizer,
+        join_optimizer_build_elsewhere,
+        wrap_for_training,
+    )
+    from megatron_adapters.process_groups import build_role_groups, seed_role_rng
+    from tests.megatron_adapters import tiny_gpt
+
+    actor_pgs = build_role_groups([0], tp=1, pp=1, dp=1)
+    critic_pgs = build_role_groups([1, 2], tp=1, pp=2, dp=1)
+    if actor_pgs is None and critic_pgs is None:  # the roles' collectives, in their order, with nothing to add
+        join_optimizer_build_elsewhere()  # the optimizer builds gather param groups world-wide
+        save_models(ckpt_dir, {})
+        join_optimizer_build_elsewhere()  # the rebuilds that load
+        load_models(ckpt_dir, {})
+        return None
+    name, pgs = ("actor", actor_pgs) if actor_pgs is not None else ("critic", critic_pgs)
+    lr = {"actor": 1e-2, "critic": 3e-3}[name]
+
+    def build():
+        seed_role_rng(5, pgs)
+        chunks = wrap_for_training([tiny_gpt.tiny_gpt(pgs, tied=False)], pgs)
+        return chunks, build_optimizer(chunks, pgs, OptimizerSettings(lr=lr), TrainingPrecision.from_name("fp32"))
+
+    def square_loss(output, batch):  # any scalar of the last stage's output trains every stage
+        loss = output.float().pow(2).mean()
+        return loss, {"loss": loss}
+
+    chunks, optimizer = build()
+    for _ in range(2):
+        optimizer.zero_grad()
+        run_forward_backward(chunks, pgs, tiny_gpt.micro_batches(2), square_loss)
+        optimizer.step()
+    save_models(ckpt_dir, {name: (chunks[0], optimizer.optimizer)})
+    saved = {"weights": [p.detach().clone() for p in chunks[0].parameters()], **_optimizer_state(optimizer)}
+    chunks, optimizer = build()
+    for group in optimizer.optimizer.optimizer.param_groups:
+        group["lr"] = 0.0  # (megatron matches groups by max_lr, not lr) the loaded lr must be the checkpoint's
+    fresh = [p.detach().clone() for p in chunks[0].parameters()]
+    load_models(ckpt_dir, {name: (chunks[0], optimizer.optimizer)})
+    loaded = {"weights": [p.detach().clone() for p in chunks[0].parameters()], **_optimizer_state(optimizer)}
+    return name, lr, fresh, saved, loaded
+
+
+@pytest.mark.slow
+def test_roles_off_rank0_save_and_load_weights_and_optimizer_state(tmp_path):
+    results = run_distributed(_split_roles_rank, 4, args=(str(tmp_path),))
+    assert [r[0] for r in results[:3]] == ["actor", "critic", "critic"] and results[3] is None
+    for rank, (name, lr, fresh, saved, loaded) in enumerate(results[:3]):
+        assert not all(torch.equal(a, b) for a, b in zip(fresh, saved["weights"], strict=True)), rank
+        assert all(torch.equal(a, b) for a, b in zip(saved["weights"], loaded["weights"], strict=True)), rank
+        assert loaded["lr"] == saved["lr"] and set(loaded["lr"]) == {lr}, rank
+        assert saved["adam"] and len(saved["adam"]) == len(loaded["adam"]), rank
+        for before, after in zip(saved["adam"], loaded["adam"], strict=True):
+            assert after["step"].item() == before["step"].item() == 2, rank
+            for key in ("main", "exp_avg", "exp_avg_sq"):
+                assert torch.equal(after[key], before[key]), (rank, name, key)

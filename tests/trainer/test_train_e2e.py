@@ -1,5 +1,6 @@
 """End to end on CPU: `python -m hybridflow.run` trains tiny_cpu (4 gloo ranks, actor TP2) with PPO and GRPO,
-colocated and split, and every other algorithm of the registry once; and resumes bit for bit after kill -9.
+colocated and split, and every other algorithm of the registry once; and resumes bit for bit after kill -9
+(colocated, and split with the critic off rank 0).
 
 Seeds are fixed (trainer.seed=1234), so each run is deterministic; the thresholds below were measured on
 this 2-core machine (numbers in the test bodies) and leave a margin against their own step-to-step noise.
@@ -56,10 +57,13 @@ def test_auto_placement_runs_its_plan(tmp_path):
     # The layout this covers: a rank in no trained role, which must still join the world-wide gathers of
     # every optimizer built elsewhere (it hung before the rank joined all of them).
     assert set(range(plan.world_size)) - trained, plan.meshes
-    run(tmp_path, "+experiment=tiny_cpu", *AUTO, "trainer.total_steps=2", "trainer.save_every=0")
+    # It checkpoints too, though the critic is off rank 0 and a rank holds no trained role (loading such a
+    # layout: tests/megatron_adapters/test_checkpoint.py).
+    run(tmp_path, "+experiment=tiny_cpu", *AUTO, "trainer.total_steps=2", "trainer.save_every=2")
     records = rl_records(tmp_path)
     assert [r["step"] for r in records] == [1, 2]
     assert all("critic/vf_loss" in r and "actor/pg_loss" in r for r in records)
+    assert (tmp_path / "checkpoints" / "step_000002" / "metadata.json").exists()
 
 
 def test_grpo_reward_rises(tmp_path):
@@ -99,12 +103,13 @@ def test_algorithm_family_reward_rises(tmp_path, name):
         assert max(r["dynamic_sampling/extra_draws"] for r in records) > 0
 
 
-@pytest.fixture(scope="module")
-def killed_and_resumed(tmp_path_factory):
+@pytest.fixture(scope="module", params=[(), SPLIT], ids=["colocated", "split"])
+def killed_and_resumed(tmp_path_factory, request):
     """An uninterrupted 4-step run, and the same run killed with SIGKILL after step 3 then resumed from its
-    step-2 checkpoint: {step: algorithmic metrics} of each."""
+    step-2 checkpoint: {step: algorithmic metrics} of each. Split: the critic lives on ranks 2-3 only, so
+    its checkpoint is written and read without global rank 0."""
     root = tmp_path_factory.mktemp("resume")
-    common = (*QUICK, "trainer.total_steps=4", "trainer.save_every=2", "trainer.warmup_sft_steps=2")
+    common = (*QUICK, *request.param, "trainer.total_steps=4", "trainer.save_every=2", "trainer.warmup_sft_steps=2")
     straight, resumed = root / "straight", root / "resumed"
     run(straight, *common)
     proc = start(resumed, *common)
