@@ -12,7 +12,7 @@ import pytest
 from hybridflow import plan as plan_cli
 from hybridflow.config import load_experiment
 from hybridflow.placement.auto.from_config import search_config, search_placement
-from hybridflow.placement.auto.predict import predict_stage_times
+from hybridflow.placement.auto.predict import plan_candidate
 
 AUTO = ("+experiment=ppo_llama3_8b_4gpu", "placement=auto")
 
@@ -41,7 +41,7 @@ def test_prediction_of_the_auto_plan_is_the_search_s_own():
     cfg = load_experiment(None, list(AUTO))
     result = search_config(cfg)
     plan, _ = search_placement(cfg)
-    assert predict_stage_times(cfg, plan) == pytest.approx(result.chosen.stage_times, rel=1e-9)
+    assert plan_candidate(cfg, plan).stage_times == pytest.approx(result.chosen.stage_times, rel=1e-9)
 
 
 def test_auto_explanation_memory_matches_the_table(tmp_path, monkeypatch, capsys):

@@ -82,6 +82,4 @@ def split_sync_time(weight_bytes: float, tp: int, pp: int, dp: int, gen_tp: int,
     """
     receive = weight_bytes / gen_tp
     send = weight_bytes / (tp * pp) * -(-gen_dp // dp)  # ceil: replicas fed per training replica
-    if same_node:
-        return max(receive, send) / _intra(device, eff) + eff.nvlink_latency_s
-    return max(receive, send) / (device.inter_bytes_per_s * eff.network_efficiency) + eff.network_latency_s
+    return p2p_time(max(receive, send), not same_node, device, eff)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from hybridflow.placement.auto.overlap import OneStepOff
 from hybridflow.placement.auto.search import Candidate, SearchResult
@@ -33,7 +33,7 @@ class Explanation:
     runners_up: list[RunnerUp]
     calibration: list[tuple[str, float, str]]  # (figure, value, source)
     stats: dict[str, int]
-    one_step_off: dict[str, float] | None = None  # rollout_lag=1: the terms of overlap.OneStepOff
+    one_step_off: OneStepOff | None = None  # rollout_lag=1: how generation overlaps the rest
 
     def format(self, limit: int = 6) -> str:
         lines = [f"auto placement: {self.chosen}   predicted {self.total_s:.1f} s / iteration",
@@ -41,7 +41,7 @@ class Explanation:
         if self.one_step_off is not None:
             lines.append("  one step off (trainer.rollout_lag=1): the rollout generates batch k+1 on GPUs the "
                          "actor does not hold while batch k is prepared and trained: "
-                         + overlap_text(OneStepOff(**self.one_step_off)))
+                         + overlap_text(self.one_step_off))
         lines += [f"  {role:<7} {text}" for role, text in self.strategies.items()]
         lines += [f"  memory {sets}: {gib:.2f} GiB/GPU" for sets, gib in self.memory_gib.items()]
         lines += ["why: " + self.why, "runners-up:"]
@@ -55,7 +55,7 @@ class Explanation:
 
     def to_json(self) -> dict:
         return {"chosen": self.chosen, "total_s": self.total_s, "stage_s": self.stage_s,
-                "one_step_off": self.one_step_off,
+                "one_step_off": asdict(self.one_step_off) if self.one_step_off is not None else None,
                 "strategies": self.strategies, "memory_gib": self.memory_gib, "why": self.why,
                 "runners_up": [r.__dict__ for r in self.runners_up],
                 "calibration": [list(c) for c in self.calibration], "stats": self.stats}
@@ -160,6 +160,5 @@ def explain(result: SearchResult) -> Explanation:
         else:
             runners.append(RunnerUp(describe_sets(p.best), p.best.total, dict(p.best.stage_times),
                                     _loss_reason(p.best, chosen)))
-    overlap = dict(chosen.overlap.__dict__) if chosen.overlap is not None else None
     return Explanation(describe_sets(chosen), chosen.total, dict(chosen.stage_times), strategies, memory,
-                       _why(result), runners, result.efficiency.report(), result.stats, overlap)
+                       _why(result), runners, result.efficiency.report(), result.stats, chosen.overlap)

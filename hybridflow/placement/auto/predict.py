@@ -59,7 +59,3 @@ def plan_candidate(cfg: ExperimentConfig, plan: Plan, lengths: tuple[float, floa
             ranks.append(tuple(held))
     return compose(tuple(sets), tuple(ranks), workload, device, eff)
 
-
-def predict_stage_times(cfg: ExperimentConfig, plan: Plan) -> dict[str, float]:
-    """Predicted seconds per RL stage (generation, preparation, training) of one step of `plan`."""
-    return dict(plan_candidate(cfg, plan).stage_times)
