@@ -15,6 +15,7 @@ from transformers import PreTrainedTokenizerBase
 from hybridflow.algorithms import build_algorithm, build_kl_controller
 from hybridflow.config import MODEL_ROLES, TRAINED_ROLES, ExperimentConfig
 from hybridflow.data import PromptDataset, load_prompt_dataset, load_tokenizer
+from hybridflow.data.vocabulary import stop_token_ids
 from hybridflow.errors import UserError
 from hybridflow.placement import Plan
 from hybridflow.placement.reshard_plan import generation_mesh
@@ -94,7 +95,7 @@ def build_run(cfg: ExperimentConfig, plan: Plan, work_dir: Path) -> BuiltRun:
 
     sampling = SamplingParams(
         max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-        top_k=max(cfg.rollout.top_k, 0), stop_token_ids=tuple(cfg.rollout.stop_token_ids),
+        top_k=max(cfg.rollout.top_k, 0), stop_token_ids=stop_token_ids(cfg, tokenizer),
         pad_token_id=tokenizer.pad_token_id, seed=cfg.trainer.seed,
     )
     rollout_dtype = cfg.rollout.dtype or cfg.model.dtype
