@@ -48,6 +48,15 @@ class BuiltRun:
     work_dir: Path
 
 
+def rollout_sampling(cfg: ExperimentConfig, tokenizer: PreTrainedTokenizerBase) -> SamplingParams:
+    """What both engines sample with; the stop ids are the ones the plan printed (`stop_token_ids`)."""
+    return SamplingParams(
+        max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+        top_k=max(cfg.rollout.top_k, 0), stop_token_ids=stop_token_ids(cfg, tokenizer),
+        pad_token_id=tokenizer.pad_token_id, seed=cfg.trainer.seed,
+    )
+
+
 def build_run(cfg: ExperimentConfig, plan: Plan, work_dir: Path) -> BuiltRun:
     """Everything this rank needs for the run; every rank calls it."""
     device = compute_device()
@@ -93,11 +102,7 @@ def build_run(cfg: ExperimentConfig, plan: Plan, work_dir: Path) -> BuiltRun:
             max_tokens_per_micro_batch=role_cfg.max_tokens_per_micro_batch or 0, **overrides,
         )
 
-    sampling = SamplingParams(
-        max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-        top_k=max(cfg.rollout.top_k, 0), stop_token_ids=stop_token_ids(cfg, tokenizer),
-        pad_token_id=tokenizer.pad_token_id, seed=cfg.trainer.seed,
-    )
+    sampling = rollout_sampling(cfg, tokenizer)
     rollout_dtype = cfg.rollout.dtype or cfg.model.dtype
     vllm_spec = None
     if cfg.rollout.engine == "vllm":
