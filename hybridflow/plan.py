@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hybridflow.config import load_experiment, split_argv
+from hybridflow.data.vocabulary import check_run_tokens, stop_ids_source
 from hybridflow.errors import cli_errors
 from hybridflow.placement import plan_placement
 from hybridflow.placement.auto import search_placement
@@ -36,11 +37,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             plan, explanation = search_placement(cfg)
         else:
             plan = plan_placement(cfg)
+        stops = check_run_tokens(cfg).stop_token_ids  # the tokenizer against model.vocab_size, and the stop ids
     print(
         f"experiment: {cfg.name}  model: {cfg.model.architecture} h={cfg.model.hidden_size} "
         f"L={cfg.model.num_hidden_layers}  cluster: {cfg.cluster.gpu_type}"
     )
     print(format_plan(plan))
+    print(f"rollout stops at token ids {list(stops)} ({stop_ids_source(cfg)})" if stops else
+          f"rollout never stops early ({stop_ids_source(cfg)}): every response is "
+          f"rollout.max_new_tokens={cfg.rollout.max_new_tokens} tokens")
     if explanation is not None:
         print("\n" + explanation.format())
         stage_s = explanation.stage_s
@@ -55,6 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(args.out).resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"experiment": cfg.name, **plan.to_json(), "predicted_stage_s": stage_s,
+                               "stop_token_ids": list(stops),
                                "predicted_step_s": explanation.total_s if explanation else predicted.total,
                                **({"auto": explanation.to_json()} if explanation else {})}, indent=1))
     print(f"wrote {out}")

@@ -24,10 +24,10 @@ def main(argv: list[str] | None = None) -> None:
         experiment, overrides = split_argv(sys.argv[1:] if argv is None else argv)
         cfg = load_experiment(experiment, overrides)
         plan = plan_placement(cfg)
-        preflight(cfg, plan)
+        notes = preflight(cfg, plan)
         if os.environ.get("RANK", "0") == "0":  # under torchrun/srun every rank runs this: say it once
             print(f"hybridflow run: experiment {cfg.name}\n  plan:   {plan_summary(plan)}\n"
-                  f"  output: {Path(cfg.trainer.output_dir).resolve()}", flush=True)
+                  f"  output: {Path(cfg.trainer.output_dir).resolve()}", *notes, sep="\n", flush=True)
         log_dir = Path(cfg.trainer.output_dir) / "logs"
         quiet_known_noise(log_dir=log_dir)
         # Imported only now: megatron-core's import-time warnings should not bury a bad-input message.

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 from hybridflow.config.bounds import bounded
 
+OVERLONG_PROMPTS = ("drop", "error")
+
 
 @dataclass
 class DataConfig:
@@ -13,6 +15,9 @@ class DataConfig:
     prompt_key: str = "prompt"
     tokenizer: str | None = None  # local HF tokenizer dir; None = built-in character tokenizer
     max_prompt_length: int = bounded(32, ge=1)
+    # Prompts longer than max_prompt_length tokens (after the chat template): "drop" them (counted before
+    # launch; verl's recipes filter them too) or "error" (refuse the run before launch).
+    overlong_prompts: str = bounded("drop", choices=OVERLONG_PROMPTS)
     train_batch_size: int = bounded(8, ge=1)  # prompts per step
     seq_length: int = bounded(64, ge=2)  # prompt + response tokens per sample (training sequence length)
     # Validation prompts (trainer.val_every / val_before_train): a .jsonl/.parquet path, or None = a held-out

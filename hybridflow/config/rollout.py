@@ -24,7 +24,9 @@ class RolloutConfig:
     top_p: float = bounded(1.0, gt=0, le=1)
     top_k: int = bounded(0, ge=-1)  # 0 (or -1) = off
     n_samples_per_prompt: int = bounded(1, ge=1)
-    stop_token_ids: list[int] = bounded(default_factory=list, ge=0)
+    # Token ids that end a response. None (the default) = the tokenizer's eos plus every `eos_token_id` of the
+    # checkpoint's generation_config.json (Llama-3 instruct lists two); a list replaces that, [] = never stop.
+    stop_token_ids: list[int] | None = bounded(None, ge=0)
     engine_args: dict[str, Any] = field(default_factory=dict)
     # vLLM sleep between generations: 1 frees the KV cache and offloads weights, 2 also drops the weights.
     sleep_level: int = bounded(1, choices=(1, 2))

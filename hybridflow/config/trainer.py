@@ -25,6 +25,10 @@ class TrainerConfig:
     val_every: int = bounded(0, ge=0)  # validate every N RL steps (and after the last); 0 = off
     val_before_train: bool = False  # validate once before the first RL step (after the SFT warm-up)
     val_temperature: float = bounded(0.0, ge=0)  # validation sampling temperature; 0 = greedy
+    # Sample generations (prompt, response, reward) in <output_dir>/samples.jsonl and TensorBoard: the first
+    # num_log_samples of every validation and of every log_samples_every-th RL step (0 = not in training).
+    num_log_samples: int = bounded(4, ge=0)
+    log_samples_every: int = bounded(10, ge=0)
     parity_max_abs: float = bounded(1e-4, gt=0)  # rollout vs actor log-prob parity gate (at rollout_lag=0)
     # 1: one-step-off asynchronous rollout (the rollout generates batch k+1 with the weights of step k-1 while
     # the actor trains on batch k); needs the rollout on GPUs the actor does not hold. 0: on-policy.

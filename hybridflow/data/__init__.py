@@ -2,7 +2,7 @@
 
 from hybridflow.data.batching import PromptBatch, SFTBatch, collate_prompts, collate_sft
 from hybridflow.data.loader import PromptLoader
-from hybridflow.data.prompts import PromptDataset, drop_overlong, load_prompt_dataset
+from hybridflow.data.prompts import PromptDataset, fit_prompts, load_prompt_dataset
 from hybridflow.data.tasks import (
     BUILTIN_ALPHABET,
     BUILTIN_TASKS,
@@ -27,7 +27,7 @@ __all__ = [
     "builtin_task",
     "collate_prompts",
     "collate_sft",
-    "drop_overlong",
+    "fit_prompts",
     "is_builtin",
     "load_prompt_dataset",
     "load_tokenizer",

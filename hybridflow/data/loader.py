@@ -9,7 +9,7 @@ from transformers import PreTrainedTokenizerBase
 
 from hybridflow.data.batching import PromptBatch, collate_prompts
 from hybridflow.data.chat import render_chat_rows
-from hybridflow.data.prompts import PromptDataset, drop_overlong
+from hybridflow.data.prompts import PromptDataset, fit_prompts
 from hybridflow.errors import UserError
 
 
@@ -25,14 +25,18 @@ class PromptLoader:
         max_prompt_length: int,
         seed: int = 0,
         shuffle: bool = True,
+        overlong_prompts: str = "drop",
     ):
         # Chat prompts become template text here, where the tokenizer is known; later stages see only strings.
         dataset = PromptDataset(render_chat_rows(dataset.rows, dataset.prompt_key, tokenizer), dataset.prompt_key)
-        self.dataset, self.num_dropped = drop_overlong(dataset, tokenizer, max_prompt_length)
+        self.num_rows = len(dataset)  # before dropping over-long prompts
+        self.dataset, self.num_dropped = fit_prompts(dataset, tokenizer, max_prompt_length, overlong_prompts)
         if not 0 < batch_size <= len(self.dataset):
+            dropped = (f" ({self.num_dropped} longer than data.max_prompt_length={max_prompt_length} dropped)"
+                       if self.num_dropped else "")
             raise UserError(
                 f"data.train_batch_size: {batch_size} prompts per step but the dataset has "
-                f"{len(self.dataset)} usable prompts; set 1..{len(self.dataset)}"
+                f"{len(self.dataset)} usable prompts{dropped}; set 1..{len(self.dataset)}"
             )
         self.tokenizer, self.batch_size, self.max_prompt_length = tokenizer, batch_size, max_prompt_length
         self.seed, self.shuffle = seed, shuffle

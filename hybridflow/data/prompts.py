@@ -100,15 +100,31 @@ def load_prompt_dataset(
     return PromptDataset(rows, prompt_key)
 
 
-def drop_overlong(
-    dataset: PromptDataset, tokenizer: PreTrainedTokenizerBase, max_prompt_length: int
+def fit_prompts(
+    dataset: PromptDataset,
+    tokenizer: PreTrainedTokenizerBase,
+    max_prompt_length: int,
+    overlong: str = "drop",
+    source: str = "data.source",
 ) -> tuple[PromptDataset, int]:
-    """The rows whose tokenized prompt fits `max_prompt_length`, and how many were dropped."""
+    """The rows whose tokenized prompt fits `max_prompt_length` tokens, and how many were dropped.
+
+    `overlong` is `data.overlong_prompts`: "error" refuses a dataset with any prompt too long, "drop" drops them;
+    a dataset with none left is refused either way. `source` names the dataset in the message.
+    """
     lengths = [len(ids) for ids in tokenizer([r[dataset.prompt_key] for r in dataset.rows])["input_ids"]]
     kept = [row for row, n in zip(dataset.rows, lengths, strict=True) if n <= max_prompt_length]
+    over = len(dataset.rows) - len(kept)
     if not kept:
         raise UserError(
-            f"data.max_prompt_length: every prompt is longer than {max_prompt_length} tokens "
-            f"(shortest {min(lengths)}); raise data.max_prompt_length"
+            f"data.max_prompt_length: all {len(lengths)} prompts of {source} are longer than {max_prompt_length} "
+            f"tokens (shortest {min(lengths)}, longest {max(lengths)}); raise data.max_prompt_length to at least "
+            f"{min(lengths)}"
         )
-    return PromptDataset(kept, dataset.prompt_key), len(dataset.rows) - len(kept)
+    if over and overlong == "error":
+        raise UserError(
+            f"data.max_prompt_length: {over} of {len(lengths)} prompts of {source} are longer than "
+            f"{max_prompt_length} tokens (longest {max(lengths)}) and data.overlong_prompts=error; raise "
+            f"data.max_prompt_length to {max(lengths)}, or set data.overlong_prompts=drop to train without them"
+        )
+    return PromptDataset(kept, dataset.prompt_key), over

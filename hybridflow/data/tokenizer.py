@@ -20,8 +20,8 @@ SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)  # ids 0..3 in this order
 DEFAULT_ALPHABET = "".join(c for c in string.printable if c not in "\r\x0b\x0c\t")
 
 
-def build_char_tokenizer(out_dir: str | Path, alphabet: str = DEFAULT_ALPHABET) -> PreTrainedTokenizerFast:
-    """Build a one-id-per-character tokenizer over `alphabet` (+ pad/bos/eos/unk), save it to `out_dir`.
+def char_tokenizer(alphabet: str = DEFAULT_ALPHABET) -> PreTrainedTokenizerFast:
+    """A one-id-per-character tokenizer over `alphabet` (+ pad/bos/eos/unk), in memory.
 
     Encoding prepends <bos>, like Llama's tokenizer; unknown characters map to <unk>.
     """
@@ -33,9 +33,14 @@ def build_char_tokenizer(out_dir: str | Path, alphabet: str = DEFAULT_ALPHABET) 
     tok.post_processor = processors.TemplateProcessing(
         single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, vocab[BOS])]
     )
-    fast = PreTrainedTokenizerFast(
+    return PreTrainedTokenizerFast(
         tokenizer_object=tok, pad_token=PAD, bos_token=BOS, eos_token=EOS, unk_token=UNK, padding_side="right"
     )
+
+
+def build_char_tokenizer(out_dir: str | Path, alphabet: str = DEFAULT_ALPHABET) -> PreTrainedTokenizerFast:
+    """`char_tokenizer(alphabet)`, saved to `out_dir` as a HF tokenizer directory."""
+    fast = char_tokenizer(alphabet)
     fast.save_pretrained(str(out_dir))
     return fast
 
@@ -43,7 +48,8 @@ def build_char_tokenizer(out_dir: str | Path, alphabet: str = DEFAULT_ALPHABET) 
 def load_tokenizer(path: str | Path, field: str = "data.tokenizer") -> PreTrainedTokenizerBase:
     """A HF tokenizer from a local directory; it must define a pad token or an eos token to pad with."""
     if not (Path(path) / "tokenizer_config.json").is_file() and not (Path(path) / "tokenizer.json").is_file():
-        raise UserError(f"{field}: {str(path)!r} is not a tokenizer directory; set a local HF tokenizer dir")
+        raise UserError(f"{field}: {str(path)!r} has no tokenizer (tokenizer.json / tokenizer_config.json); "
+                        "set data.tokenizer to a local HF tokenizer dir")
     tokenizer = AutoTokenizer.from_pretrained(str(path))
     if tokenizer.pad_token_id is None:
         if tokenizer.eos_token_id is None:

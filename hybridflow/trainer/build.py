@@ -15,6 +15,7 @@ from transformers import PreTrainedTokenizerBase
 from hybridflow.algorithms import build_algorithm, build_kl_controller
 from hybridflow.config import MODEL_ROLES, TRAINED_ROLES, ExperimentConfig
 from hybridflow.data import PromptDataset, load_prompt_dataset, load_tokenizer
+from hybridflow.data.vocabulary import stop_token_ids
 from hybridflow.errors import UserError
 from hybridflow.placement import Plan
 from hybridflow.placement.reshard_plan import generation_mesh
@@ -45,6 +46,15 @@ class BuiltRun:
     dataset: PromptDataset
     hf_dir: str
     work_dir: Path
+
+
+def rollout_sampling(cfg: ExperimentConfig, tokenizer: PreTrainedTokenizerBase) -> SamplingParams:
+    """What both engines sample with; the stop ids are the ones the plan printed (`stop_token_ids`)."""
+    return SamplingParams(
+        max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+        top_k=max(cfg.rollout.top_k, 0), stop_token_ids=stop_token_ids(cfg, tokenizer),
+        pad_token_id=tokenizer.pad_token_id, seed=cfg.trainer.seed,
+    )
 
 
 def build_run(cfg: ExperimentConfig, plan: Plan, work_dir: Path) -> BuiltRun:
@@ -92,11 +102,7 @@ def build_run(cfg: ExperimentConfig, plan: Plan, work_dir: Path) -> BuiltRun:
             max_tokens_per_micro_batch=role_cfg.max_tokens_per_micro_batch or 0, **overrides,
         )
 
-    sampling = SamplingParams(
-        max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-        top_k=max(cfg.rollout.top_k, 0), stop_token_ids=tuple(cfg.rollout.stop_token_ids),
-        pad_token_id=tokenizer.pad_token_id, seed=cfg.trainer.seed,
-    )
+    sampling = rollout_sampling(cfg, tokenizer)
     rollout_dtype = cfg.rollout.dtype or cfg.model.dtype
     vllm_spec = None
     if cfg.rollout.engine == "vllm":

@@ -16,6 +16,7 @@ from hybridflow.roles.model_role import copy_weights
 from hybridflow.trainer import checkpointing
 from hybridflow.trainer.build import build_run
 from hybridflow.trainer.metrics import MetricsLog
+from hybridflow.trainer.samples import sample_records
 from hybridflow.trainer.validation import Validator
 
 
@@ -53,13 +54,22 @@ def warmup(trainer, loader: PromptLoader, tokenizer, cfg: ExperimentConfig, log:
     trainer.rollout.sync(actor)
 
 
+def _log_samples(log: MetricsLog, tokenizer, cfg: ExperimentConfig, stop_token_ids: tuple[int, ...],
+                 batch: StepBatch, step: int, split: str) -> None:
+    """The first `trainer.num_log_samples` samples of `batch`, decoded and written on the logging rank only."""
+    if log.active and cfg.trainer.num_log_samples:
+        log.log_samples(sample_records(tokenizer, batch, step, split, cfg.trainer.num_log_samples, stop_token_ids))
+
+
 def train(cfg: ExperimentConfig, plan: Plan) -> dict[str, float]:
     """Run the experiment on this rank; returns the last step's metrics."""
     work_dir = Path(cfg.trainer.output_dir)
     built = build_run(cfg, plan, work_dir)
     trainer, tokenizer = built.trainer, built.tokenizer
     seed, batch = cfg.trainer.seed, cfg.data.train_batch_size
-    loader = PromptLoader(built.dataset, tokenizer, batch, cfg.data.max_prompt_length, seed=seed)
+    loader_with_seed = partial(PromptLoader, built.dataset, tokenizer, batch, cfg.data.max_prompt_length,
+                               overlong_prompts=cfg.data.overlong_prompts)
+    loader = loader_with_seed(seed=seed)
     ckpt_root = work_dir / "checkpoints"
     resume_from = {"auto": checkpointing.latest_complete(ckpt_root), "never": None}.get(
         cfg.trainer.resume, Path(cfg.trainer.resume))
@@ -76,11 +86,12 @@ def train(cfg: ExperimentConfig, plan: Plan) -> dict[str, float]:
             trainer.roles["ref"].load_hf(sft_dir)
     log = MetricsLog(work_dir, cfg.trainer.total_steps, start, active=dist.get_rank() == 0)
     if resume_from is None:
-        warmup(trainer, PromptLoader(built.dataset, tokenizer, batch, cfg.data.max_prompt_length, seed=seed + 1),
-               tokenizer, cfg, log, sft_dir, built.hf_dir)
+        warmup(trainer, loader_with_seed(seed=seed + 1), tokenizer, cfg, log, sft_dir, built.hf_dir)
     validator = Validator.build(cfg, tokenizer)
+    log_samples = partial(_log_samples, log, tokenizer, cfg, trainer.rollout.sampling.stop_token_ids)
     if validator is not None and cfg.trainer.val_before_train:
         log.log(start, validator.run(trainer), phase="val")
+        log_samples(validator.first_batch, start, "val")
     draw = partial(next_step_batch, loader, tokenizer, cfg)  # a batch filter may draw more prompts
     if cfg.trainer.rollout_lag and trainer.ready is None:
         trainer.prime(draw(), draw)
@@ -88,8 +99,11 @@ def train(cfg: ExperimentConfig, plan: Plan) -> dict[str, float]:
     for step in range(start, cfg.trainer.total_steps):
         metrics = trainer.step(draw(), draw)
         log.log(step + 1, metrics)
+        if cfg.trainer.log_samples_every and (step + 1) % cfg.trainer.log_samples_every == 0:
+            log_samples(trainer.last_batch, step + 1, "train")
         if validator is not None and validator.due(step + 1):
             log.log(step + 1, validator.run(trainer), phase="val")
+            log_samples(validator.first_batch, step + 1, "val")
         every = cfg.trainer.save_every
         if every and ((step + 1) % every == 0 or step + 1 == cfg.trainer.total_steps):
             checkpointing.save(ckpt_root, step + 1, trainer.roles, {

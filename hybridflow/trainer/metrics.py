@@ -1,4 +1,5 @@
-"""Step metrics on rank 0: a progress bar, a JSONL file, TensorBoard events and PNG plots at the end."""
+"""Step metrics on rank 0: a progress bar, a JSONL file, TensorBoard events, sample generations and PNG plots
+at the end."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from torch.utils.tensorboard import SummaryWriter  # noqa: E402
 from tqdm import tqdm  # noqa: E402
+
+from hybridflow.trainer.samples import samples_markdown  # noqa: E402
 
 
 class MetricsLog:
@@ -38,6 +41,14 @@ class MetricsLog:
             self.bar.update(1)
             self.bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", kl=f"{metrics['kl']:.4f}",
                                  tok_s=f"{metrics['tokens_per_s']:.0f}")
+
+    def log_samples(self, records: list[dict]) -> None:
+        """Append sample generations (hybridflow.trainer.samples) to samples.jsonl and TensorBoard text."""
+        if not self.active or not records:
+            return
+        with (self.out_dir / "samples.jsonl").open("a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in records)
+        self.writer.add_text(f"samples/{records[0]['split']}", samples_markdown(records), records[0]["step"])
 
     def close(self) -> None:
         if not self.active:

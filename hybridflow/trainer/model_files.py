@@ -18,9 +18,8 @@ import torch.distributed as dist
 import transformers
 
 from hybridflow.config import MODEL_ROLES, VALUE_HEAD_ROLES, ExperimentConfig, ModelConfig
-from hybridflow.data import BUILTIN_ALPHABET, build_char_tokenizer, is_builtin
-from hybridflow.data.tokenizer import DEFAULT_ALPHABET
-from hybridflow.errors import UserError
+from hybridflow.data import build_char_tokenizer
+from hybridflow.data.vocabulary import char_alphabet
 
 _CONFIG_CLASSES = {
     "LlamaForCausalLM": transformers.LlamaConfig,
@@ -73,10 +72,7 @@ def ensure_model_files(cfg: ExperimentConfig, work_dir: Path) -> tuple[str, str]
             if model is not cfg.model and not model.path and not (Path(model_dir) / "config.json").is_file():
                 random_hf_checkpoint(model, Path(model_dir), cfg.trainer.seed)
         if not cfg.data.tokenizer and not cfg.model.path and not (tok_dir / "tokenizer.json").is_file():
-            alphabet = BUILTIN_ALPHABET if is_builtin(cfg.data.source) else DEFAULT_ALPHABET
-            tokenizer = build_char_tokenizer(tok_dir, alphabet)
-            if len(tokenizer) > cfg.model.vocab_size:
-                raise UserError(f"model.vocab_size: {cfg.model.vocab_size} < the character tokenizer's "
-                                f"{len(tokenizer)} ids; set model.vocab_size={len(tokenizer)}")
+            # The preflight checked this tokenizer against model.vocab_size (data.vocabulary.check_run_tokens).
+            build_char_tokenizer(tok_dir, char_alphabet(cfg.data.source))
     dist.barrier()
     return str(hf_dir), str(tok_dir)

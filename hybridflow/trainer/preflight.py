@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
 from hybridflow.config import ExperimentConfig
-from hybridflow.data import load_prompt_dataset, load_tokenizer
+from hybridflow.data import PromptLoader, load_prompt_dataset
+from hybridflow.data.vocabulary import check_run_tokens
 from hybridflow.errors import UserError
 from hybridflow.placement import Plan
 from hybridflow.rewards import resolve_reward_fn
+from hybridflow.trainer.validation import validation_set, validation_wanted
 
 
-def preflight(cfg: ExperimentConfig, plan: Plan) -> None:
-    """Data, tokenizer, reward function and devices are usable; raises UserError naming the field."""
+def preflight(cfg: ExperimentConfig, plan: Plan) -> list[str]:
+    """Devices, data, tokenizer (against the model's vocabulary), prompt lengths and the reward function are
+    usable; raises UserError naming the field. Returns notes for the user (over-long prompts dropped).
+
+    The prompts go through the same loader the ranks build (chat template, `data.overlong_prompts`, batch
+    size), so a dataset the ranks would refuse is refused here, before the output directory exists.
+    """
     if cfg.cluster.gpu_type != "cpu":
         have = torch.cuda.device_count()
         if have < plan.gpus_per_node:
@@ -22,11 +27,22 @@ def preflight(cfg: ExperimentConfig, plan: Plan) -> None:
                 f"cluster.gpus_per_node: the experiment needs {plan.gpus_per_node} GPUs per node, this machine "
                 f"has {have}; run on a machine with them or use +experiment=tiny_cpu"
             )
-    load_prompt_dataset(cfg.data.source, cfg.data.prompt_key, seed=cfg.trainer.seed)
-    if cfg.data.tokenizer is not None:
-        if not Path(cfg.data.tokenizer).is_dir():
-            raise UserError(f"data.tokenizer: {cfg.data.tokenizer!r} is not a directory; point it at a local "
-                            "HF tokenizer")
-        load_tokenizer(cfg.data.tokenizer)
+    dataset = load_prompt_dataset(cfg.data.source, cfg.data.prompt_key, seed=cfg.trainer.seed)
+    tokenizer = check_run_tokens(cfg).tokenizer
+    d = cfg.data
+    loader = PromptLoader(dataset, tokenizer, d.train_batch_size, d.max_prompt_length, seed=cfg.trainer.seed,
+                          overlong_prompts=d.overlong_prompts)
+    notes = [_dropped_note(loader.num_dropped, loader.num_rows, "prompts", d.max_prompt_length)]
+    if validation_wanted(cfg):
+        val, dropped = validation_set(cfg, tokenizer)
+        notes.append(_dropped_note(dropped, len(val) + dropped, "validation prompts", d.max_prompt_length))
     if not cfg.reward.use_model:
         resolve_reward_fn(cfg.reward.fn, cfg.data.source)
+    return [note for note in notes if note]
+
+
+def _dropped_note(dropped: int, total: int, what: str, max_prompt_length: int) -> str:
+    if not dropped:
+        return ""
+    return (f"data: dropped {dropped} of {total} {what} longer than data.max_prompt_length={max_prompt_length} "
+            "tokens (data.overlong_prompts=drop)")

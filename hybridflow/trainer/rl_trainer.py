@@ -111,6 +111,7 @@ class RLTrainer:
     training: TrainingGroup
     ready: StepBatch | None = None  # lag 1: the batch landed in the last step, consumed by the next
     sampling_metrics: dict[str, float] = field(default_factory=dict)  # dynamic sampling's, last produce
+    last_batch: StepBatch | None = None  # the batch the last step trained on (sample logging reads it)
 
     # ---- one step -------------------------------------------------------------------------------
     def step(self, prompts: StepBatch, draw: Callable[[], StepBatch] | None = None) -> dict[str, float]:
@@ -125,6 +126,7 @@ class RLTrainer:
             batch = self.ready  # generated during the last step, by the weights before its update
         else:
             batch = self.produce(prompts, generating, timer, "generate", draw)
+        self.last_batch = batch
         metrics = self.consume(batch, timer) if self.training.member else {}
         if self.lag:
             self.ready = self.produce(prompts, generating, timer, "wait_rollout", draw)

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from hybridflow.config import ExperimentConfig
-from hybridflow.data import collate_prompts, drop_overlong, load_prompt_dataset
+from hybridflow.data import collate_prompts, fit_prompts, load_prompt_dataset
 from hybridflow.data.chat import render_chat_rows
 from hybridflow.data.prompts import PromptDataset
 from hybridflow.data.step_batch import StepBatch
@@ -23,8 +23,9 @@ from hybridflow.errors import UserError
 NUM_BUILTIN_TRAIN = 8192  # load_prompt_dataset's default size of a built-in training set
 
 
-def validation_set(cfg: ExperimentConfig, tokenizer) -> PromptDataset:
-    """`data.val_size` rows of `data.val_source`, or of a held-out split of the built-in training task."""
+def validation_set(cfg: ExperimentConfig, tokenizer) -> tuple[PromptDataset, int]:
+    """`data.val_size` rows of `data.val_source`, or of a held-out split of the built-in training task, less
+    those longer than `data.max_prompt_length` (per `data.overlong_prompts`); and how many were dropped."""
     d = cfg.data
     if d.val_source:
         dataset = load_prompt_dataset(d.val_source, d.prompt_key, seed=cfg.trainer.seed)
@@ -39,7 +40,13 @@ def validation_set(cfg: ExperimentConfig, tokenizer) -> PromptDataset:
         )
     dataset = PromptDataset(render_chat_rows(dataset.rows[: d.val_size], dataset.prompt_key, tokenizer),
                             dataset.prompt_key)
-    return drop_overlong(dataset, tokenizer, d.max_prompt_length)[0]
+    source = f"data.val_source={d.val_source}" if d.val_source else f"the held-out split of {d.source}"
+    return fit_prompts(dataset, tokenizer, d.max_prompt_length, d.overlong_prompts, source)
+
+
+def validation_wanted(cfg: ExperimentConfig) -> bool:
+    """`trainer.val_every` or `trainer.val_before_train` asks for validation."""
+    return bool(cfg.trainer.val_every or cfg.trainer.val_before_train)
 
 
 @dataclass
@@ -48,13 +55,14 @@ class Validator:
     prompt_key: str
     tokenizer: Any
     cfg: ExperimentConfig
+    first_batch: StepBatch | None = None  # the last run's first chunk, generated and scored (sample logging)
 
     @classmethod
     def build(cls, cfg: ExperimentConfig, tokenizer) -> Validator | None:
         """None when neither `trainer.val_every` nor `trainer.val_before_train` asks for validation."""
-        if not cfg.trainer.val_every and not cfg.trainer.val_before_train:
+        if not validation_wanted(cfg):
             return None
-        dataset = validation_set(cfg, tokenizer)
+        dataset, _ = validation_set(cfg, tokenizer)
         return cls(dataset.rows, dataset.prompt_key, tokenizer, cfg)
 
     def due(self, step: int) -> bool:
@@ -78,7 +86,10 @@ class Validator:
                                           cfg.data.max_prompt_length, rows, total_len=cfg.data.seq_length)
                 batch = StepBatch(rows=rows, tokens=prompts.input_ids, prompt_lens=prompts.prompt_lens)
                 rollout.generate(batch)
-                scores.append(trainer.scorer.share(trainer.scorer.local(batch), batch))
+                batch.scores = trainer.scorer.share(trainer.scorer.local(batch), batch)
+                scores.append(batch.scores)
+                if start == 0:
+                    self.first_batch = batch
         finally:
             rollout.sampling, rollout.step = saved_sampling, saved_step
         # generate put the engine to sleep; a sync wakes it with the actor's weights, as after an RL step.

@@ -6,6 +6,7 @@ import dataclasses
 import re
 import subprocess
 import sys
+import types
 import typing
 
 import pytest
@@ -26,8 +27,11 @@ def _full_tree() -> ExperimentConfig:
 
 
 def _leaf_type(hint) -> type:
+    """The type a bound applies to: an optional's own type, a list's element type."""
     args = [a for a in typing.get_args(hint) if a is not type(None)]
-    return typing.get_origin(args[0]) or args[0] if args else typing.get_origin(hint) or hint
+    if args and typing.get_origin(hint) in (list, typing.Union, types.UnionType):
+        return _leaf_type(args[0])
+    return typing.get_origin(hint) or hint
 
 
 def _declared_fields() -> list[tuple[str, dataclasses.Field, type]]:

@@ -61,3 +61,15 @@ def test_overlong_prompts_dropped_and_size_errors(tok):
     other = PromptLoader(PromptDataset([{"prompt": "1>"}] * 5), tok, batch_size=1, max_prompt_length=5)
     with pytest.raises(UserError, match="trainer.resume"):
         other.load_state_dict(loader.state_dict())
+
+
+def test_overlong_prompts_error_mode_names_count_longest_and_fix(tok):
+    ds = PromptDataset([{"prompt": "1>"}, {"prompt": "123456789>"}, {"prompt": "1234>"}])
+    with pytest.raises(UserError, match=r"^data\.max_prompt_length: 2 of 3 prompts of data\.source are longer than "
+                                        r"4 tokens \(longest 11\) and data\.overlong_prompts=error; raise "
+                                        r"data\.max_prompt_length to 11, or set data\.overlong_prompts=drop"):
+        PromptLoader(ds, tok, batch_size=1, max_prompt_length=4, overlong_prompts="error")
+    fits = PromptLoader(ds, tok, batch_size=1, max_prompt_length=11, overlong_prompts="error")
+    assert fits.num_dropped == 0 and len(fits.dataset) == fits.num_rows == 3
+    with pytest.raises(UserError, match=r"^data\.max_prompt_length: all 3 prompts .* at least 3$"):
+        PromptLoader(ds, tok, batch_size=1, max_prompt_length=2, overlong_prompts="drop")

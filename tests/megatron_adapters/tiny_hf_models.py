@@ -9,14 +9,19 @@ runs torch single-threaded first because an OpenMP pool created before `fork` ha
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import torch
 import torch.distributed as dist
+from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import (
     LlamaConfig,
     LlamaForCausalLM,
     LlamaForSequenceClassification,
     MistralConfig,
     MistralForCausalLM,
+    PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2ForCausalLM,
 )
@@ -153,3 +158,21 @@ def pipeline_forward(model, ids: torch.Tensor) -> torch.Tensor | None:
     parts = [torch.empty_like(out) for _ in range(pg.tp.size())]
     dist.all_gather(parts, out.contiguous(), group=pg.tp)
     return torch.cat(parts, dim=-1)
+
+
+# A real tokenizers-library tokenizer for checkpoints a user would bring: whitespace words, and two end tokens
+# as Llama-3 instruct has them (the tokenizer's eos "<|eot|>" and "<|end|>", both in generation_config.json).
+CHAT_WORDS = ["<pad>", "<s>", "<|end|>", "<|eot|>", "<unk>", *"0123456789", ">", "+", "="]
+
+
+def save_tiny_checkpoint_with_tokenizer(path, generation_eos=(2, 3), seed: int = 0, **overrides):
+    """`save_tiny_model("llama", ...)` plus a WordLevel tokenizer over `CHAT_WORDS` (eos "<|eot|>" = 3) and a
+    generation_config.json whose `eos_token_id` is `generation_eos` (a list, or an int when one id)."""
+    save_tiny_model("llama", path, seed, **overrides)
+    tok = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(CHAT_WORDS)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="<|eot|>",
+                            unk_token="<unk>").save_pretrained(str(path))
+    eos = list(generation_eos) if len(generation_eos) > 1 else generation_eos[0]
+    (Path(path) / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": eos}))

@@ -10,10 +10,10 @@ from hybridflow.trainer.validation import NUM_BUILTIN_TRAIN, Validator, validati
 def test_builtin_held_out_split_is_disjoint_and_deterministic(tmp_path):
     cfg = load_experiment("tiny_cpu", ["data.val_size=50", "trainer.val_every=5"])
     tok = build_char_tokenizer(tmp_path / "tok")
-    first, again = validation_set(cfg, tok), validation_set(cfg, tok)
+    (first, dropped), (again, _) = validation_set(cfg, tok), validation_set(cfg, tok)
     train = {r["prompt"] for r in task_rows(BUILTIN_TASKS["max_digit"], NUM_BUILTIN_TRAIN, cfg.trainer.seed)}
     prompts = [r["prompt"] for r in first.rows]
-    assert first.rows == again.rows and len(prompts) == 50 == len(set(prompts))
+    assert first.rows == again.rows and len(prompts) == 50 == len(set(prompts)) and dropped == 0
     assert not train & set(prompts)
     validator = Validator.build(cfg, tok)
     assert [s for s in range(1, 61) if validator.due(s)] == list(range(5, 61, 5))

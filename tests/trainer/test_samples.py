@@ -1,0 +1,60 @@
+"""Sample generations: decoded records of the first samples, written to samples.jsonl and TensorBoard text."""
+
+import json
+
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from hybridflow.data.step_batch import StepBatch
+from hybridflow.data.tasks import BUILTIN_ALPHABET
+from hybridflow.data.tokenizer import char_tokenizer
+from hybridflow.trainer.metrics import MetricsLog
+from hybridflow.trainer.samples import sample_records
+
+
+def _batch(tok):
+    """Row 0 stops at <eos> after "2"; row 1 runs to the length limit; row 2 is not logged (n=2)."""
+    eos, pad = tok.eos_token_id, tok.pad_token_id
+    rows = [(tok("12>")["input_ids"], tok("2", add_special_tokens=False)["input_ids"] + [eos]),
+            (tok("3>")["input_ids"], tok("333", add_special_tokens=False)["input_ids"]),
+            (tok("4>")["input_ids"], [eos])]
+    width = max(len(p) + len(r) for p, r in rows) + 2
+    tokens = torch.full((3, width), pad)
+    mask = torch.zeros(3, width, dtype=torch.long)
+    for i, (p, r) in enumerate(rows):
+        tokens[i, : len(p) + len(r)] = torch.tensor(p + r)
+        mask[i, len(p) : len(p) + len(r)] = 1
+    return StepBatch(rows=[{}] * 3, tokens=tokens, prompt_lens=torch.tensor([len(p) for p, _ in rows]),
+                     response_mask=mask, scores=torch.tensor([1.0, 0.25, 0.0]))
+
+
+def test_records_decode_prompt_response_reward_and_why_it_ended():
+    tok = char_tokenizer(BUILTIN_ALPHABET)
+    records = sample_records(tok, _batch(tok), step=7, split="val", n=2, stop_token_ids=(tok.eos_token_id,))
+    assert records == [
+        {"step": 7, "split": "val", "prompt": "<bos>12>", "response": "2<eos>", "reward": 1.0,
+         "response_tokens": 2, "finish_reason": "stop"},
+        {"step": 7, "split": "val", "prompt": "<bos>3>", "response": "333", "reward": 0.25,
+         "response_tokens": 3, "finish_reason": "length"},
+    ]
+
+
+def test_metrics_log_writes_samples_jsonl_and_tensorboard_text(tmp_path):
+    tok = char_tokenizer(BUILTIN_ALPHABET)
+    log = MetricsLog(tmp_path, total_steps=2, start_step=0, active=True)
+    log.log_samples(sample_records(tok, _batch(tok), 1, "train", 2, (tok.eos_token_id,)))
+    log.log_samples(sample_records(tok, _batch(tok), 2, "val", 1, (tok.eos_token_id,)))
+    log.bar.close()
+    log.writer.close()
+    lines = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["split"]) for r in lines] == [(1, "train"), (1, "train"), (2, "val")]
+    events = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"tensors": 0}).Reload()
+    assert {"samples/train/text_summary", "samples/val/text_summary"} <= set(events.Tags()["tensors"])
+    text = events.Tensors("samples/train/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert "2<eos>" in text and "(stop)" in text and "(length)" in text
+
+
+def test_inactive_rank_writes_nothing(tmp_path):
+    tok = char_tokenizer(BUILTIN_ALPHABET)
+    MetricsLog(tmp_path, 2, 0, active=False).log_samples(sample_records(tok, _batch(tok), 1, "train", 2, ()))
+    assert not (tmp_path / "samples.jsonl").exists()
