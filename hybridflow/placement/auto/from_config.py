@@ -30,10 +30,6 @@ from hybridflow.placement.mesh import Dims
 from hybridflow.placement.planner import Plan, build_plan
 from hybridflow.placement.report import set_memory_bytes
 
-# The estimator leaves out CUDA context, NCCL buffers and fragmentation; the search keeps this share of each
-# GPU free for them (the final build_plan check still runs against the full capacity).
-MEMORY_HEADROOM = 0.05
-
 _STAGES = {"actor": (GENERATION, PREPARATION, TRAINING), "critic": (PREPARATION, TRAINING),
            "ref": (PREPARATION,), "reward": (PREPARATION,)}
 
@@ -111,7 +107,9 @@ def search_config(cfg: ExperimentConfig, eff: Efficiency | None = None) -> Searc
         check_batch_sizes(cfg, role.name, Dims(tp=1, pp=1, dp=1))
     device = DeviceSpec.from_cluster(cfg.cluster)
     eff = eff or efficiency_for(cfg.cluster.gpu_type)
-    capacity = cfg.cluster.gpu_memory_gib * GIB * (1 - MEMORY_HEADROOM)
+    # The estimator leaves out CUDA contexts, NCCL buffers and fragmentation: the search fills GPUs only up to
+    # what build_plan's check accepts, the capacity less cluster.gpu_memory_headroom_gib.
+    capacity = (cfg.cluster.gpu_memory_gib - cfg.cluster.gpu_memory_headroom_gib) * GIB
     return search(workload, device, memory_from_config(cfg), eff, capacity,
                   tuple(tuple(g) for g in cfg.placement.colocate))
 
