@@ -76,6 +76,9 @@ class OptimizerSettings:
     # `roles.<role>.offload_optimizer`: megatron's HybridDeviceOptimizer keeps the fp32 main params and Adam
     # states in host memory and steps there (torch AdamW on CPU). Needs the distributed optimizer.
     offload_optimizer: bool = False
+    # The share offloaded (megatron's OptimizerConfig.optimizer_offload_fraction): the first parameters up to
+    # this share of the elements step on the host, the rest on the GPU. The planner picks it when unset.
+    offload_fraction: float = 1.0
 
 
 @dataclass
@@ -174,10 +177,14 @@ def build_optimizer(
         )
     offload = {}
     if settings.offload_optimizer:
-        # All of it (fraction 1.0) on the host, with the precision-aware optimizer that megatron's own
+        # `offload_fraction` of it on the host, with the precision-aware optimizer that megatron's own
         # arguments require for CPU offload (megatron/training/arguments.py: the hybrid device optimizer reuses
-        # its code path); the fp32 main params then live only in HybridDeviceOptimizer's host copies.
-        offload = dict(optimizer_cpu_offload=True, optimizer_offload_fraction=1.0, use_precision_aware_optimizer=True)
+        # its code path); the fp32 main params then live only in HybridDeviceOptimizer's copies (host copies
+        # for the offloaded share, GPU ones for the rest).
+        if not 0.0 < settings.offload_fraction <= 1.0:
+            raise ValueError(f"offload_fraction: {settings.offload_fraction} is not in (0, 1]")
+        offload = dict(optimizer_cpu_offload=True, optimizer_offload_fraction=settings.offload_fraction,
+                       use_precision_aware_optimizer=True)
     config = OptimizerConfig(
         optimizer="adam",
         lr=settings.lr,

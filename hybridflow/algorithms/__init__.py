@@ -13,6 +13,7 @@ from hybridflow.algorithms.kl.controller import (
     FixedKLController,
     KLController,
     build_kl_controller,
+    sequence_kl,
 )
 from hybridflow.algorithms.kl.estimators import (
     KL_ESTIMATORS,
@@ -73,6 +74,7 @@ __all__ = [
     "actor_loss",
     "build_algorithm",
     "build_kl_controller",
+    "sequence_kl",
     "clipped_value_loss",
     "critic_loss",
     "discounted_returns",

@@ -16,6 +16,14 @@ GPU_DEFAULTS: dict[str, dict[str, float]] = {
     "cpu": dict(gpu_memory_gib=4, bf16_tflops=0.2, hbm_tbps=0.02, intra_node_gbps=5, inter_node_gbps=1),
 }
 
+# What the memory estimate leaves out of each GPU (hybridflow/placement/memory.py), the default of
+# `cluster.gpu_memory_headroom_gib`: a fixed part for the CUDA contexts (~0.5-1 GiB per process, and a vLLM
+# rank has two: its training rank and its engine process) and NCCL's buffers (~1 GiB with a few
+# communicators), plus a share of the card for the caching allocator's fragmentation. H200: 2 + 0.05 x 141
+# = 9.05 GiB; H100: 6 GiB. A CPU process has no CUDA context or NCCL: the share only.
+HEADROOM_FIXED_GIB = {"A100": 2.0, "H100": 2.0, "H200": 2.0, "cpu": 0.0}
+HEADROOM_FRAGMENTATION_SHARE = 0.05
+
 
 @dataclass
 class ClusterConfig:
@@ -30,6 +38,11 @@ class ClusterConfig:
     hbm_tbps: float | None = bounded(None, gt=0)
     intra_node_gbps: float | None = bounded(None, gt=0)
     inter_node_gbps: float | None = bounded(None, gt=0)
+    # GiB of each GPU kept free of the estimate (checks and the auto search); None = HEADROOM_* above.
+    gpu_memory_headroom_gib: float | None = bounded(None, ge=0)
+    # Host (CPU) memory per node, GiB: offloaded optimizer states, sleeping vLLM weights, checkpoint staging
+    # (hybridflow/placement/host_memory.py) must fit in it. None = unknown: estimated and printed, not checked.
+    host_memory_gib: float | None = bounded(None, gt=0)
 
     @property
     def world_size(self) -> int:
@@ -42,7 +55,16 @@ def resolve_cluster(cluster: ClusterConfig) -> ClusterConfig:
     filled = {k: float(v) for k, v in defaults.items() if getattr(cluster, k) is None}
     if cluster.nvlink_domain_size is None:
         filled["nvlink_domain_size"] = cluster.gpus_per_node
+    if cluster.gpu_memory_headroom_gib is None:
+        memory = filled.get("gpu_memory_gib", cluster.gpu_memory_gib)
+        filled["gpu_memory_headroom_gib"] = (HEADROOM_FIXED_GIB[cluster.gpu_type]
+                                             + HEADROOM_FRAGMENTATION_SHARE * memory)
     cluster = replace(cluster, **filled)
+    if cluster.gpu_memory_headroom_gib >= cluster.gpu_memory_gib:
+        raise UserError(
+            f"cluster.gpu_memory_headroom_gib: {cluster.gpu_memory_headroom_gib:g} leaves nothing of "
+            f"gpu_memory_gib={cluster.gpu_memory_gib:g}; set it below the GPU's memory"
+        )
     if cluster.gpus_per_node % cluster.nvlink_domain_size:
         raise UserError(
             f"cluster.nvlink_domain_size: {cluster.nvlink_domain_size} does not divide gpus_per_node="

@@ -52,6 +52,10 @@ class RoleConfig:
     # the actor's value.
     max_tokens_per_micro_batch: int | None = bounded(None, ge=0)
     offload_optimizer: bool = False
+    # With offload_optimizer: the share of the optimizer (fp32 master params + Adam states) megatron's
+    # HybridDeviceOptimizer keeps and steps on the host (OptimizerConfig.optimizer_offload_fraction; 1.0 =
+    # all of it). None: the planner picks the smallest share that fits the GPU, then checks host memory.
+    offload_fraction: float | None = bounded(None, ge=0, le=1)
     # "none" | "selective" (attention core recomputed, Korthikanti et al.) | "full" (whole layer)
     activation_recompute: str = bounded("selective", choices=RECOMPUTE_MODES)
 

@@ -6,7 +6,9 @@ Parts and the rules used (P = parameters held by the GPU: its pipeline stage's s
   grads        P x 4 for trained roles (actor, critic): megatron keeps fp32 main grads for bf16 training.
   optimizer    Adam, distributed optimizer: (fp32 master copy 4 + two fp32 moments 8) = 12 bytes per
                parameter for bf16/fp16 models (8 for fp32 models, which need no master copy), sharded over
-               DP. 0 with `offload_optimizer` (states live in host memory).
+               DP; with `offload_optimizer` only the share not offloaded, (1 - offload_fraction) of it (the
+               rest lives in host memory: host_memory.py). An unset fraction counts as 1.0 here (the least
+               GPU memory); the planner replaces it with the share it picks (offload.py).
   activations  Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models")
                per-layer accounting, redone for Llama blocks (RMSNorm, GQA, SwiGLU, no dropout). Elements
                kept for backward per token per layer, h = hidden, h_kv = kv_heads x head_dim, f = FFN size,
@@ -41,7 +43,8 @@ Parts and the rules used (P = parameters held by the GPU: its pipeline stage's s
                per token, for (prompts x samples / DP) sequences of data.seq_length tokens.
 Not counted: CUDA contexts (the vLLM engine process has its own), NCCL buffers, the bridge's buckets (256 MiB; a vLLM
 rank also keeps one bucket as the staging buffer it shares with its engine process), allocator
-fragmentation (keep some headroom).
+fragmentation: `cluster.gpu_memory_headroom_gib` keeps room for them, and the planner's checks and the auto
+search compare estimates with the capacity less that headroom.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ from dataclasses import dataclass, fields
 
 from hybridflow.config.experiment import ExperimentConfig
 from hybridflow.config.model import DTYPE_BYTES, ModelConfig
-from hybridflow.config.parallel import TRAINED_ROLES, VALUE_HEAD_ROLES, Role
+from hybridflow.config.parallel import TRAINED_ROLES, VALUE_HEAD_ROLES, Role, RoleConfig
 from hybridflow.errors import UserError
 from hybridflow.placement.mesh import ParallelDims
 from hybridflow.placement.param_count import layer_matmul_params
@@ -198,9 +201,23 @@ def estimate_role_memory(
         activations = max(activations, _activation_bytes(model, role, dims, cfg, stage, padded))
     if role not in TRAINED_ROLES:
         return MemoryEstimate(weights=weights, activations=activations)
-    master = 0 if model.dtype == "fp32" else 4
-    optimizer = 0 if role_cfg.offload_optimizer else math.ceil(params * (master + 8) / dp)
+    optimizer = math.ceil(optimizer_bytes(model, params, dp) * (1 - offloaded_share(role_cfg)))
     return MemoryEstimate(weights=weights, grads=params * GRAD_BYTES, optimizer=optimizer, activations=activations)
+
+
+def optimizer_bytes(model: ModelConfig, params: int, dp: int) -> float:
+    """Adam's per-GPU state for `params` parameters, sharded over `dp`: fp32 master copy (bf16/fp16 models) and
+    two fp32 moments."""
+    master = 0 if model.dtype == "fp32" else 4
+    return params * (master + 8) / dp
+
+
+def offloaded_share(role_cfg: RoleConfig) -> float:
+    """The share of a role's optimizer held in host memory: 0 without offload_optimizer; an unset
+    offload_fraction (the planner's to pick) counts as 1.0."""
+    if not role_cfg.offload_optimizer:
+        return 0.0
+    return 1.0 if role_cfg.offload_fraction is None else role_cfg.offload_fraction
 
 
 def _activation_bytes(

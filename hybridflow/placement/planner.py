@@ -19,8 +19,15 @@ from hybridflow.placement.checks import (
     check_tp_groups_local,
 )
 from hybridflow.placement.cluster import GPU, cluster_gpus
+from hybridflow.placement.host_memory import HostMemoryEstimate, node_host_memory
 from hybridflow.placement.memory import GIB, MemoryEstimate, estimate_role_memory
 from hybridflow.placement.mesh import Dims, ParallelDims, RoleMesh
+from hybridflow.placement.offload import (
+    offload_fractions,
+    pick_offload_fraction,
+    roles_to_pick,
+    with_offload_fraction,
+)
 from hybridflow.placement.reshard_plan import generation_mesh
 from hybridflow.placement.resources import parse_gpu_list
 
@@ -37,9 +44,23 @@ class Plan:
     memory: dict[int, MemoryEstimate]  # per rank, summed over its roles
     role_memory: dict[int, dict[str, MemoryEstimate]] = field(default_factory=dict)  # per rank, per role
     capacity_bytes: int = 0
+    headroom_bytes: int = 0  # kept free of the estimate on every GPU (cluster.gpu_memory_headroom_gib)
+    host_memory: dict[int, HostMemoryEstimate] = field(default_factory=dict)  # per node
+    host_capacity_bytes: int | None = None  # per node (cluster.host_memory_gib); None: not checked
+    offload_fractions: dict[str, float] = field(default_factory=dict)  # role -> optimizer share on the host
+
+    @property
+    def usable_bytes(self) -> int:
+        """What the estimate may fill on one GPU: its capacity less the headroom."""
+        return self.capacity_bytes - self.headroom_bytes
 
     def over_capacity(self) -> list[int]:
-        return [r for r, m in self.memory.items() if m.total > self.capacity_bytes]
+        return [r for r, m in self.memory.items() if m.total > self.usable_bytes]
+
+    def host_over_capacity(self) -> list[int]:
+        if self.host_capacity_bytes is None:
+            return []
+        return [n for n, m in self.host_memory.items() if m.total > self.host_capacity_bytes]
 
     def to_json(self) -> dict:
         return {
@@ -47,6 +68,10 @@ class Plan:
             "nodes": self.nodes,
             "gpus_per_node": self.gpus_per_node,
             "capacity_bytes": self.capacity_bytes,
+            "headroom_bytes": self.headroom_bytes,
+            "host_capacity_bytes": self.host_capacity_bytes,
+            "host_memory": {str(n): m.to_json() for n, m in self.host_memory.items()},
+            "offload_fractions": self.offload_fractions,
             "gpus": [{"rank": g.rank, "node": g.node, "local_index": g.local_index} for g in self.gpus],
             "meshes": {role: mesh.to_json() for role, mesh in self.meshes.items()},
             "rank_roles": {str(r): list(roles) for r, roles in self.rank_roles.items()},
@@ -129,6 +154,13 @@ def build_plan(
         check_tp_groups_local(mesh, gpus, cfg)
         meshes[role] = mesh
     rank_roles = {g.rank: tuple(r for r in meshes if g.rank in meshes[r].ranks) for g in gpus}
+    capacity, headroom = int(cfg.cluster.gpu_memory_gib * GIB), int(cfg.cluster.gpu_memory_headroom_gib * GIB)
+    to_pick = roles_to_pick(cfg, tuple(meshes))
+    if to_pick:
+        def gpu_totals(c: ExperimentConfig) -> dict[int, int]:
+            return {r: sum(m.total for m in parts.values()) for r, parts in _memory_by_rank(c, meshes, gpus).items()}
+
+        cfg = with_offload_fraction(cfg, to_pick, pick_offload_fraction(cfg, to_pick, gpu_totals, capacity - headroom))
     role_memory = _memory_by_rank(cfg, meshes, gpus)
     memory = {rank: sum(parts.values(), MemoryEstimate()) for rank, parts in role_memory.items()}
     check_rollout_lag(cfg, meshes)
@@ -142,10 +174,15 @@ def build_plan(
         colocation_sets=colocation_sets(meshes),
         memory=memory,
         role_memory=role_memory,
-        capacity_bytes=int(cfg.cluster.gpu_memory_gib * GIB),
+        capacity_bytes=capacity,
+        headroom_bytes=headroom,
+        host_memory=node_host_memory(cfg, meshes, gpus),
+        host_capacity_bytes=None if cfg.cluster.host_memory_gib is None else int(cfg.cluster.host_memory_gib * GIB),
+        offload_fractions=offload_fractions(cfg, tuple(meshes)),
     )
     if cfg.placement.check_memory:
         check_memory(plan)
+        check_host_memory(plan)
     return plan
 
 
@@ -188,14 +225,33 @@ def colocation_sets(meshes: Mapping[str, RoleMesh]) -> list[tuple[str, ...]]:
 
 
 def check_memory(plan: Plan) -> None:
-    """Fail on the first GPU whose estimate exceeds its capacity, with the numbers."""
+    """Fail on the first GPU whose estimate exceeds its capacity less the headroom, with the numbers."""
     for rank in plan.over_capacity():
         parts = " + ".join(f"{role} {m.total / GIB:.1f}" for role, m in plan.role_memory[rank].items())
         raise UserError(
             f"cluster.gpu_memory_gib: GPU {rank} (node {plan.gpus[rank].node}) needs an estimated "
-            f"{plan.memory[rank].total / GIB:.1f} GiB ({parts}) > "
-            f"{plan.capacity_bytes / GIB:.1f} GiB capacity; "
+            f"{plan.memory[rank].total / GIB:.1f} GiB ({parts}) > {plan.usable_bytes / GIB:.1f} GiB "
+            f"({plan.capacity_bytes / GIB:.1f} GiB capacity - {plan.headroom_bytes / GIB:.1f} GiB "
+            "cluster.gpu_memory_headroom_gib); "
             "raise tp/pp or spread roles over more GPUs, set roles.<role>.offload_optimizer=true, lower "
             "rollout.gpu_memory_utilization or roles.<role>.micro_batch_size "
             "(placement.check_memory=false to skip)"
+        )
+
+
+def check_host_memory(plan: Plan) -> None:
+    """Fail on the first node whose host-memory estimate exceeds cluster.host_memory_gib, with the numbers."""
+    for node in plan.host_over_capacity():
+        mem = plan.host_memory[node]
+        parts = " + ".join(f"{k} {v / GIB:.1f}" for k, v in mem.to_json().items() if k != "total" and v)
+        fix = "lower roles.<role>.offload_fraction, raise dp (shards the offloaded states) or add nodes"
+        if plan.offload_fractions and mem.optimizer:
+            fraction = max(plan.offload_fractions.values())
+            over = mem.total - plan.host_capacity_bytes
+            fits = fraction * (1 - over / mem.optimizer)
+            fix = (f"roles.<role>.offload_fraction is {fraction:g}; the host holds at most "
+                   f"{max(fits, 0.0):.2f} of it: lower it (more optimizer on the GPU), raise dp or add nodes")
+        raise UserError(
+            f"cluster.host_memory_gib: node {node} needs an estimated {mem.total / GIB:.1f} GiB of host memory "
+            f"({parts}) > {plan.host_capacity_bytes / GIB:.1f} GiB; {fix} (placement.check_memory=false to skip)"
         )

@@ -50,7 +50,7 @@ def format_plan(plan: Plan) -> str:
     lines.append("")
     # CPU "GPUs" hold a few MiB; real GPUs tens of GiB.
     unit_name, unit = ("GiB", GIB) if plan.capacity_bytes >= 16 * GIB else ("MiB", 2**20)
-    header = ["gpu", "node", "roles", *_PARTS, "total", "capacity", "use"]
+    header = ["gpu", "node", "roles", *_PARTS, "total", "usable", "use"]
     rows = []
     for gpu in plan.gpus:
         mem = plan.memory[gpu.rank]
@@ -61,8 +61,8 @@ def format_plan(plan: Plan) -> str:
                 ",".join(plan.rank_roles[gpu.rank]) or "-",
                 *(f"{getattr(mem, p) / unit:.2f}" for p in _PARTS),
                 f"{mem.total / unit:.2f}",
-                f"{plan.capacity_bytes / unit:.1f}",
-                f"{100 * mem.total / plan.capacity_bytes:.0f}%" + (" OVER" if mem.total > plan.capacity_bytes else ""),
+                f"{plan.usable_bytes / unit:.1f}",
+                f"{100 * mem.total / plan.capacity_bytes:.0f}%" + (" OVER" if mem.total > plan.usable_bytes else ""),
             ]
         )
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
@@ -71,4 +71,26 @@ def format_plan(plan: Plan) -> str:
         pairs = enumerate(zip(row, widths, strict=True))
         cells = [c.ljust(w) if i == 2 else c.rjust(w) for i, (c, w) in pairs]  # roles column left-aligned
         lines.append("  " + "  ".join(cells))
+    lines.append(f"  usable = {plan.capacity_bytes / unit:.1f} capacity - {plan.headroom_bytes / unit:.1f} headroom "
+                 "(cluster.gpu_memory_headroom_gib: CUDA contexts, NCCL buffers, fragmentation); use = of capacity")
+    if plan.offload_fractions:
+        shares = ", ".join(f"{role} {share:g}" for role, share in plan.offload_fractions.items())
+        lines.append(f"  optimizer share offloaded to host memory: {shares}")
+    lines.extend(_host_table(plan))
     return "\n".join(lines)
+
+
+def _host_table(plan: Plan) -> list[str]:
+    """One row per node: host memory by part (GiB), against cluster.host_memory_gib."""
+    parts = ("processes", "optimizer", "rollout", "checkpoint", "hf_load")
+    header = ["node", *parts, "total", "capacity", "use"]
+    rows = []
+    for node, mem in plan.host_memory.items():
+        cap = plan.host_capacity_bytes
+        use = "-" if cap is None else f"{100 * mem.total / cap:.0f}%" + (" OVER" if mem.total > cap else "")
+        rows.append([str(node), *(f"{getattr(mem, p) / GIB:.2f}" for p in parts), f"{mem.total / GIB:.2f}",
+                     "-" if cap is None else f"{cap / GIB:.1f}", use])
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    lines = ["", "host memory per node (GiB; cluster.host_memory_gib):"]
+    lines += ["  " + "  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in [header, *rows]]
+    return lines

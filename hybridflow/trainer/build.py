@@ -81,8 +81,9 @@ def build_run(cfg: ExperimentConfig, plan: Plan, work_dir: Path) -> BuiltRun:
             continue
         lr = cfg.trainer.critic_lr or cfg.trainer.lr if role == "critic" else cfg.trainer.lr
         role_cfg = cfg.roles.get(role)
+        share = plan.offload_fractions.get(role, 0.0)  # the planner resolved an unset offload_fraction
         settings = OptimizerSettings(lr=lr, weight_decay=cfg.trainer.weight_decay, grad_clip=cfg.trainer.grad_clip,
-                                     offload_optimizer=role_cfg.offload_optimizer)
+                                     offload_optimizer=share > 0, offload_fraction=share or 1.0)
         tp = meshes[role].tp
         overrides = role_config_overrides(trained, tp, role_cfg.activation_recompute,
                                           bool(role_cfg.parallel.sequence_parallel))

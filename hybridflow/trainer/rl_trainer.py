@@ -57,7 +57,7 @@ from hybridflow.algorithms import (
     kl_penalized_rewards,
     last_token_scores,
     loss_agg,
-    masked_mean,
+    sequence_kl,
     sft_loss,
 )
 from hybridflow.algorithms.losses.truncated_is import truncated_is_weights
@@ -174,7 +174,7 @@ class RLTrainer:
 
     def consume(self, batch: StepBatch, timer: StageTimer) -> dict[str, float]:
         """Everything after scoring up to the updates, on the training group; this rank's role metrics, the
-        mean KL and the parity (lag 0) or off-policy (lag 1) figures."""
+        KL per response and the parity (lag 0) or off-policy (lag 1) figures."""
         temperature = self.cfg.rollout.temperature or 1.0
         with timer("ref"):
             ref = self._infer("ref", batch, lambda r: per_token_logprobs(r, temperature))
@@ -236,7 +236,8 @@ class RLTrainer:
         return out
 
     def assign_rewards(self, batch: StepBatch) -> float:
-        """Token rewards from the scores (and the KL penalty when it lives in the reward); returns mean KL."""
+        """Token rewards from the scores (and the KL penalty when it lives in the reward); returns the KL per
+        response (`sequence_kl`) that the controller steers."""
         mask = batch.response_mask
         shaping = self.algorithm.shaping
         scores = batch.scores if shaping is None else shaping(batch.scores, mask)  # metrics keep the raw ones
@@ -250,7 +251,7 @@ class RLTrainer:
         else:
             batch.token_rewards = last_token_scores(scores, mask)
             kl = batch.old_logprobs - batch.ref_logprobs
-        return float(masked_mean(kl, mask))
+        return float(sequence_kl(kl, mask))
 
     def _update(self, role: str, batch: StepBatch, loss_fn, fields: tuple[str, ...]) -> dict[str, float]:
         """PPO epochs x mini-batches; each mini-batch is split over the role's DP replicas."""

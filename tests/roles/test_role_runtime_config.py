@@ -121,7 +121,7 @@ def test_recompute_matches_no_recompute_tp2(tmp_path):
                 torch.testing.assert_close(other["grads"][name], grad, rtol=0, atol=1e-6, msg=name)
 
 
-def _offload_optimizer_config(bf16: bool) -> dict:
+def _offload_optimizer_config(bf16: bool, fraction: float = 1.0) -> dict:
     from megatron_adapters.optimizer import OptimizerSettings, TrainingPrecision, build_optimizer, wrap_for_training
     from megatron_adapters.process_groups import build_role_groups, seed_role_rng
     from tests.megatron_adapters import tiny_gpt
@@ -131,8 +131,8 @@ def _offload_optimizer_config(bf16: bool) -> dict:
     seed_role_rng(5, groups)
     ddp = wrap_for_training([tiny_gpt.tiny_gpt(groups, params_dtype=dtype, bf16=bf16)], groups)
     try:
-        opt = build_optimizer(ddp, groups, OptimizerSettings(lr=1e-3, offload_optimizer=True),
-                              TrainingPrecision(dtype, bf16=bf16))
+        settings = OptimizerSettings(lr=1e-3, offload_optimizer=True, offload_fraction=fraction)
+        opt = build_optimizer(ddp, groups, settings, TrainingPrecision(dtype, bf16=bf16))
     except ValueError as e:
         return {"error": str(e)}
     config = opt.optimizer.config
@@ -150,3 +150,6 @@ def test_offload_optimizer_builds_megatrons_hybrid_device_optimizer():
         "use_precision_aware_optimizer": True,
     }
     assert "bf16" in run_distributed(_offload_optimizer_config, world_size=1, args=(False,))[0]["error"]
+    # roles.<role>.offload_fraction (as the plan resolved it) reaches megatron's OptimizerConfig
+    partial = run_distributed(_offload_optimizer_config, world_size=1, args=(True, 0.75))[0]
+    assert partial["optimizer_offload_fraction"] == 0.75

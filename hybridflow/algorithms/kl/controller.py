@@ -4,7 +4,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
+from hybridflow.algorithms.masked import masked_sum
 from hybridflow.errors import UserError
+
+
+def sequence_kl(token_kl: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The KL the adaptive controller steers: each response's KL summed over its tokens, averaged over the
+    responses that have at least one token (a scalar).
+
+    A sum per response because that is the KL between response distributions, the quantity Ziegler et al.'s
+    target (6 nats, `algorithm.kl_target`'s default) is measured in; a mean over all tokens would weigh long
+    responses more and put the target on a per-token scale (verl averages token means per response first,
+    a per-token rate near 0.1: its targets do not carry over). Padding cannot leak in (masked sums).
+    """
+    per_response = masked_sum(token_kl, mask, dim=1)
+    has_tokens = mask.sum(dim=1) > 0
+    return masked_sum(per_response, has_tokens) / has_tokens.sum().clamp(min=1)
 
 
 @dataclass
@@ -28,7 +45,8 @@ class AdaptiveKLController:
     """beta <- beta * (1 + clip(KL / target - 1, -0.2, 0.2) * n_steps / horizon) after each step.
 
     `n_steps` is how many samples (episodes) the step consumed, so `horizon` is counted in samples, as in the
-    paper; the clip bounds how fast beta moves on a noisy KL estimate.
+    paper; the clip bounds how fast beta moves on a noisy KL estimate. `current_kl` is `sequence_kl` of the
+    step's batch (nats per response).
     """
 
     value: float

@@ -45,9 +45,22 @@ class CriticLossConfig:
     cliprange_value: float = 0.2
 
 
+def _padding_zeroed(mask: torch.Tensor, *tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
+    """Each tensor with its masked-out positions replaced by 0 (None stays None).
+
+    Selected, not multiplied: padding may hold inf/NaN (log-probs of pad tokens, stale advantages), and both
+    `x * 0` and the backward of any op fed an inf (exp, products) give NaN, which the optimizer would spread
+    to every weight whatever the aggregation. `where` gives those positions a zero value and a zero gradient.
+    """
+    keep = mask.bool()
+    return [None if t is None else torch.where(keep, t, torch.zeros((), dtype=t.dtype, device=t.device))
+            for t in tensors]
+
+
 def _output(loss: torch.Tensor, mask: torch.Tensor, terms: dict[str, torch.Tensor]) -> LossOutput:
     metrics = {name: masked_sum(term.detach().float(), mask) for name, term in terms.items()}
-    return LossOutput(masked_sum(loss, mask), mask.sum().to(torch.int), metrics, loss * mask, mask)
+    (token_loss,) = _padding_zeroed(mask, loss)
+    return LossOutput(masked_sum(loss, mask), mask.sum().to(torch.int), metrics, token_loss, mask)
 
 
 def actor_loss(
@@ -63,6 +76,8 @@ def actor_loss(
     """Actor loss over [B, T] token tensors; `entropy` is needed when entropy_coef > 0, `ref_logprobs` when
     kl_loss_coef > 0; `is_weights` (hybridflow.algorithms.losses.truncated_is) weight each token's policy loss."""
     mask = mask.to(logprobs.dtype)
+    logprobs, old_logprobs, advantages, entropy, ref_logprobs, is_weights = _padding_zeroed(
+        mask, logprobs, old_logprobs, advantages, entropy, ref_logprobs, is_weights)
     pg_loss, clipped = cfg.policy(logprobs, old_logprobs, advantages, mask)
     if is_weights is not None:
         pg_loss = pg_loss * is_weights
@@ -95,14 +110,16 @@ def critic_loss(
 ) -> LossOutput:
     """Clipped value loss over [B, T] token tensors."""
     mask = mask.to(values.dtype)
+    values, old_values, returns = _padding_zeroed(mask, values, old_values, returns)
     loss, clipped = clipped_value_loss(values, old_values, returns, cfg.cliprange_value)
     return _output(loss, mask, {"vf_loss": loss, "vf_clipfrac": clipped.float(), "values": values})
 
 
 def sft_loss(logprobs: torch.Tensor, mask: torch.Tensor) -> LossOutput:
     """Supervised warm-up: negative log-likelihood of the target tokens (`logprobs` of the labels, [B, T])."""
-    nll = -logprobs
-    return _output(nll, mask.to(logprobs.dtype), {"nll": nll})
+    mask = mask.to(logprobs.dtype)
+    (nll,) = _padding_zeroed(mask, -logprobs)
+    return _output(nll, mask, {"nll": nll})
 
 
 def token_means(outputs: Iterable[LossOutput]) -> dict[str, float]:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from hybridflow.algorithms.losses.ppo_clip import clamped_ratio
 from hybridflow.algorithms.masked import masked_mean
 
 
@@ -23,8 +24,9 @@ def sequence_clip_loss(
     clip_high: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-sequence loss and clip flag [B] from [B, T] token tensors; a sequence's advantage is the mean of
-    its tokens' (GSPO gives every token of a response the same one)."""
-    ratio = torch.exp(masked_mean(logprobs - old_logprobs, mask, dim=1))
+    its tokens' (GSPO gives every token of a response the same one). The mean log-ratio is clamped as PPO's
+    (ppo_clip.LOG_RATIO_MAX)."""
+    ratio = clamped_ratio(masked_mean(logprobs - old_logprobs, mask, dim=1))
     adv = masked_mean(advantages, mask, dim=1)
     unclipped = -adv * ratio
     clipped = -adv * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)

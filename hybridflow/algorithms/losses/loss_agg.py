@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from hybridflow.algorithms.masked import masked_sum
 from hybridflow.config.algorithm import LOSS_AGG_MODES
 
 __all__ = ["LOSS_AGG_MODES", "local_count", "micro_batch_scale", "numerator"]
@@ -27,8 +28,11 @@ def local_count(mask: torch.Tensor, mode: str) -> torch.Tensor:
 
 
 def numerator(token_loss: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
-    """The micro-batch's part of the numerator, from the per-token loss [B, T] and its mask."""
-    per_seq = (token_loss * mask).sum(dim=1)
+    """The micro-batch's part of the numerator, from the per-token loss [B, T] and its mask.
+
+    A masked sum (`where`, not `* mask`): an inf/NaN token loss in padding neither reaches the value nor the
+    gradient."""
+    per_seq = masked_sum(token_loss, mask, dim=1)
     if mode == "seq-mean-token-mean":
         per_seq = per_seq / mask.sum(dim=1).clamp(min=1)
     return per_seq.sum()

@@ -6,6 +6,16 @@ from dataclasses import dataclass
 
 import torch
 
+# exp of a log-ratio past this is no longer a ratio but an overflow: float32 exp(89) is inf (a NaN gradient
+# through torch.maximum) and float64 exp(25) with A < 0 is a 1e10 loss. +-20 (a ratio of 4.9e8) is far outside
+# any clip range, so the clamp never changes a loss the clip would keep.
+LOG_RATIO_MAX = 20.0
+
+
+def clamped_ratio(log_ratio: torch.Tensor) -> torch.Tensor:
+    """exp(log_ratio) with the log-ratio clamped to +-LOG_RATIO_MAX (no gradient beyond the clamp)."""
+    return torch.exp(log_ratio.clamp(-LOG_RATIO_MAX, LOG_RATIO_MAX))
+
 
 def ppo_policy_loss(
     logprobs: torch.Tensor,
@@ -17,11 +27,13 @@ def ppo_policy_loss(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token -min(r A, clip(r, 1 - clip_low, 1 + clip_high) A) with r = pi / pi_old, and where it clipped.
 
+    r = exp(clamp(log pi - log pi_old, +-LOG_RATIO_MAX)), so loss and gradient stay finite.
+
     Returns (loss, clipped), both shaped like `logprobs`; the caller applies the response mask.
     `clipped` marks tokens whose gradient the clip removed (the clipped branch was the pessimistic one).
     With `clip_ratio_c` (dual clip), tokens with A < 0 pay at most -A * clip_ratio_c.
     """
-    ratio = torch.exp(logprobs - old_logprobs)
+    ratio = clamped_ratio(logprobs - old_logprobs)
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
     loss = torch.maximum(unclipped, clipped)

@@ -12,6 +12,12 @@
   replica's batch does not fit the rollout's KV budget, it runs in waves.
   The bridge (training -> rollout layout, HybridFlow Table 2) and the rollout's sleep/wake weight copies
   to host memory are charged here.
+- A role that offloads a share f of its optimizer (megatron's HybridDeviceOptimizer) pays, per optimizer
+  step, that share's gradients down and parameters up over the host link (fp32 each way:
+  OFFLOAD_LINK_BYTES_PER_PARAM) and torch's CPU Adam over it (`cpu_adam_s_per_param`, fitted to the measured
+  ~2 s per update on the 1B H200 run, device.py CPU_ADAM); the GPU Adam runs on the rest only.
+- vLLM's decode step adds a fixed host time (`vllm_decode_step_overhead_s`: scheduling, sampling, the
+  engine process's round trip), fitted to the measured generation of the 1B H200 runs (device.py VLLM_DECODE).
 - Every pass of a role in a stage adds a fixed overhead (batch hand-off, barrier).
 
 Every time is a per-iteration figure for the whole role (its ranks work in lock-step). Each function has a
@@ -37,6 +43,9 @@ ADAM_BYTES_PER_PARAM = 32
 # the bf16 weights; a backward reads them again (dgrad) and reads + writes the fp32 main grad that the
 # weight-gradient GEMM accumulates into (megatron's gradient-accumulation fusion).
 TRAIN_STREAM_BYTES_PER_PARAM = 2 + 2 + 8
+# Host link bytes per offloaded parameter per optimizer step: the fp32 gradient copied to the pinned host
+# buffer, the updated fp32 master copied back into the GPU parameter (hybrid_optimizer.py, megatron-core 0.19).
+OFFLOAD_LINK_BYTES_PER_PARAM = 4 + 4
 
 
 Breakdown = dict[str, float]  # component -> seconds
@@ -77,8 +86,13 @@ def training_breakdown(role: RoleWork, s: Strategy, workload: Workload, device: 
     steps = samples / workload.mini_batch_size
     shard = role.model.params / (s.tp * s.pp)
     sync = allreduce_time(shard * DP_SYNC_BYTES_PER_PARAM, s.dp, s.tp, device, eff) * (1 - eff.dp_overlap)
-    adam = shard / s.dp * ADAM_BYTES_PER_PARAM / (device.hbm_bytes_per_s * eff.hbm_efficiency)
-    return {**out, "dp_sync": steps * sync, "optimizer": steps * adam}
+    on_host = shard / s.dp * role.offload_fraction
+    adam = (shard / s.dp - on_host) * ADAM_BYTES_PER_PARAM / (device.hbm_bytes_per_s * eff.hbm_efficiency)
+    out = {**out, "dp_sync": steps * sync, "optimizer": steps * adam}
+    if on_host and device.host_bytes_per_s > 0:  # a CPU "device" has no host link (nothing to copy)
+        link = on_host * OFFLOAD_LINK_BYTES_PER_PARAM / (device.host_bytes_per_s * eff.host_link_efficiency)
+        out["optimizer_offload"] = steps * (link + on_host * eff.cpu_adam_s_per_param)
+    return out
 
 
 def inference_breakdown(role: RoleWork, s: Strategy, workload: Workload, device: DeviceSpec,
@@ -111,7 +125,7 @@ def generation_breakdown(role: RoleWork, s: Strategy, workload: Workload, device
     hbm = device.hbm_bytes_per_s * (eff.native_decode_hbm_efficiency if native else eff.hbm_efficiency)
     launch = 0.0 if native else eff.decode_layer_overhead_s
     host = (eff.native_decode_step_overhead_s + wave * m.hidden_size * eff.native_decode_s_per_row_hidden
-            if native else 0.0)
+            if native else eff.vllm_decode_step_overhead_s)
 
     prefill = m.forward_flops_per_token(prompt / 2) * wave * prompt / (g * device.peak_flops * eff.prefill_mfu)
     prefill += 2 * m.num_layers * tp_allreduce_time(wave * prompt * m.hidden_size * m.dtype_bytes, g,
@@ -136,7 +150,7 @@ def generation_breakdown(role: RoleWork, s: Strategy, workload: Workload, device
         out["decode_compute"] = steps * compute
     else:  # memory-bound: every step streams the weight shard and the batch's KV cache
         out.update(decode_weights=steps * weights, decode_kv=steps * kv)
-        if native:
+        if host:
             out["decode_host"] = steps * host
     return out
 

@@ -5,8 +5,9 @@ datasheet values); the `Efficiency` factors turn peaks into achievable rates. `E
 figure whether it is assumed or measured; `Efficiency.calibrated(...)` / `load_calibration(path)` are the
 hooks that replace a figure with a measured one and record where it came from (e.g. a benchmarks/results/
 file). Measured so far (`MEASURED`, H200 only): HBM streaming, the native rollout's decode step
-(`NATIVE_DECODE`) and training / forward / prefill MFU at the Llama-3-8B shape; every other figure (the
-communication figures, vLLM's launch term, the per-pass overhead) is an assumption.
+(`NATIVE_DECODE`), vLLM's host time per decode step (`VLLM_DECODE`), CPU Adam under optimizer offload
+(`CPU_ADAM`) and training / forward / prefill MFU at the Llama-3-8B shape; every other figure (the
+communication figures, vLLM's per-layer launch term, the per-pass overhead) is an assumption.
 """
 
 from __future__ import annotations
@@ -69,6 +70,23 @@ NATIVE_DECODE = {"native_decode_hbm_efficiency": 0.639, "native_decode_step_over
 _NATIVE_DECODE_SOURCE = ("fitted 2026-12-03 by benchmarks/fit_decode.py to native decode on one H200 (TP 1), "
                          "1B and 8B shapes, 14 points within 9 %, a held-out Qwen2-7B shape within 9 % "
                          "(benchmarks/results/calibrate_h200_20261203/)")
+# vLLM's decode step beyond the HBM stream and the per-layer launch term: a fixed host time per step (V1
+# scheduler, sampling, detokenisation, the round trip to the engine process). Fitted 2026-12-04 to the two
+# colocated vLLM runs of ppo_llama_1b_h200 on one H200 (64 prompts x 1, 1024 new tokens, TP 1;
+# benchmarks/results/vllm_h200_20261204/ and vllm_engine_process_h200_20261204/: generation + sync 5.91 and
+# 6.25 s, mean 6.08 s, where the model without it predicted 1.74 s) over their 1024 decode steps:
+# (6.08 - 1.74) / 1024 = 4.24 ms. One shape only; other GPU types get it as an assumption.
+VLLM_DECODE = {"vllm_decode_step_overhead_s": 4.24e-3}
+_VLLM_DECODE_SOURCE = ("fitted 2026-12-04 to ppo_llama_1b_h200 with rollout=vllm on one H200, two runs "
+                       "(benchmarks/results/vllm_h200_20261204/, vllm_engine_process_h200_20261204/)")
+# torch's CPU Adam in HybridDeviceOptimizer, seconds per parameter per optimizer step: the 1B H200 offload run
+# (benchmarks/results/ppo_llama_1b_h200_offload_20261202/: update_actor 3.74 vs 1.66 s, update_critic 3.02 vs
+# 1.13 s without offload, 2 optimizer steps each on 1.236e9 parameters) less the modelled host-link copies
+# (8 bytes per parameter at 0.8 x 64 GB/s): 6.92e-10 (actor) and 6.18e-10 (critic), mean 6.55e-10 (~1.5e9
+# parameters/s on that host's 16 cores, one rank). Assumed per GPU elsewhere (8 ranks share a node's CPUs).
+CPU_ADAM = {"cpu_adam_s_per_param": 6.55e-10}
+_CPU_ADAM_SOURCE = ("fitted 2026-12-02 to the 1B offload run on one H200 "
+                    "(benchmarks/results/ppo_llama_1b_h200_offload_20261202/)")
 # Forward + backward and forward-only MFU in the planner's FLOP convention (`ModelCostShape.forward_flops_per_token`
 # at the causal mean context), Llama-3-8B shape, TP = PP = 1, megatron-core with torch SDPA (no Transformer
 # Engine): benchmarks/actor_mfu.py --shape 8b [--mode forward]; at the 1.5B shape the same runs give 0.44 / 0.37.
@@ -91,9 +109,13 @@ class Efficiency:
     host_link_efficiency: float = 0.8
     nvlink_latency_s: float = 10e-6  # per collective call, small message
     network_latency_s: float = 30e-6
-    # vLLM (CUDA graphs): kernel launches per layer per decode step. Not calibrated here: no vLLM decode on
-    # this repo's machines has been timed, so vLLM has no measured host floor.
+    # vLLM (CUDA graphs): kernel launches per layer per decode step. Assumed: the measured vLLM runs fit only
+    # the per-step term below (one shape cannot tell a per-layer from a per-step cost).
     decode_layer_overhead_s: float = 15e-6
+    # vLLM's fixed host time per decode step on top of it (VLLM_DECODE; the H200 fit as the default).
+    vllm_decode_step_overhead_s: float = VLLM_DECODE["vllm_decode_step_overhead_s"]
+    # torch's CPU Adam (HybridDeviceOptimizer's host share) per parameter per optimizer step (CPU_ADAM).
+    cpu_adam_s_per_param: float = CPU_ADAM["cpu_adam_s_per_param"]
     # The native rollout's decode step (see NATIVE_DECODE): bytes stream at this share of HBM peak, plus a
     # fixed time per step and a time per batch row and hidden unit.
     native_decode_hbm_efficiency: float = NATIVE_DECODE["native_decode_hbm_efficiency"]
@@ -128,6 +150,8 @@ MEASURED: dict[str, list[tuple[str, float, str]]] = {
               "measured 2026-12-02 on one H200: bf16 [64 x 8192] @ [8192 x 28672] (a decode step's weight "
               "stream) reads 4.08 TB/s of the 4.8 TB/s datasheet (torch 2.11, cuBLAS)"),
              *[(name, value, _NATIVE_DECODE_SOURCE) for name, value in NATIVE_DECODE.items()],
+             *[(name, value, _VLLM_DECODE_SOURCE) for name, value in VLLM_DECODE.items()],
+             *[(name, value, _CPU_ADAM_SOURCE) for name, value in CPU_ADAM.items()],
              ("train_mfu", 0.535, _MFU_SOURCE + "train8b_mb1.json, train8b_mb2.json (0.535 / 0.541)"),
              ("infer_mfu", 0.519, _MFU_SOURCE + "fwd8b_s2048.json (sequence 2048, micro-batch 4)"),
              ("prefill_mfu", 0.518, _MFU_SOURCE + "fwd8b_s1024.json (1024-token prompts, batch 8)")],

@@ -126,6 +126,14 @@ def _why(result: SearchResult) -> str:
     others = [p.best for p in result.runners_up if p.best is not None]
     if chosen.overlap is not None:
         return _why_one_step_off(chosen, others)
+    colocated = next((p for p in result.partitions if len(p.partition) == 1), None)
+    if len(chosen.sets) > 1 and colocated is not None and colocated.best is None:
+        # The constraint decided, not the cost model: say which, before any time comparison.
+        text = f"colocating every role on all {result.world_size} GPUs is ruled out ({colocated.reason})"
+        if others:
+            return text + (f"; of the splits, this is the fastest (the next, {describe_sets(others[0])}, takes "
+                           f"{others[0].total:.1f} s)")
+        return text + "; this is the only split that fits"
     if not others:
         return "the only placement that fits memory"
     if len(chosen.sets) == 1:

@@ -7,7 +7,7 @@ import copy
 
 from hybridflow.config.experiment import ExperimentConfig
 from hybridflow.config.model import ModelConfig
-from hybridflow.config.parallel import VALUE_HEAD_ROLES
+from hybridflow.config.parallel import TRAINED_ROLES, VALUE_HEAD_ROLES
 from hybridflow.errors import UserError
 from hybridflow.placement.auto.device import DeviceSpec, Efficiency, efficiency_for
 from hybridflow.placement.auto.explain import Explanation, explain
@@ -25,14 +25,10 @@ from hybridflow.placement.auto.workload import (
     split_rollout,
 )
 from hybridflow.placement.checks import check_batch_sizes
-from hybridflow.placement.memory import GIB, estimate_role_memory
+from hybridflow.placement.memory import GIB, estimate_role_memory, offloaded_share
 from hybridflow.placement.mesh import Dims
 from hybridflow.placement.planner import Plan, build_plan
 from hybridflow.placement.report import set_memory_bytes
-
-# The estimator leaves out CUDA context, NCCL buffers and fragmentation; the search keeps this share of each
-# GPU free for them (the final build_plan check still runs against the full capacity).
-MEMORY_HEADROOM = 0.05
 
 _STAGES = {"actor": (GENERATION, PREPARATION, TRAINING), "critic": (PREPARATION, TRAINING),
            "ref": (PREPARATION,), "reward": (PREPARATION,)}
@@ -58,7 +54,8 @@ def workload_from_config(cfg: ExperimentConfig) -> Workload:
     """Roles taking part, batch and lengths from `cfg`. The rollout rides on the actor's set, or at
     trainer.rollout_lag=1 (native engine) is a role of its own that the search keeps off the actor's GPUs."""
     roles = tuple(
-        RoleWork(name, model_shape(cfg.role_model(name), name), stages, cfg.roles.get(name).micro_batch_size)
+        RoleWork(name, model_shape(cfg.role_model(name), name), stages, cfg.roles.get(name).micro_batch_size,
+                 offloaded_share(cfg.roles.get(name)) if name in TRAINED_ROLES else 0.0)
         for name, stages in _STAGES.items() if cfg.roles.get(name).enabled)
     lag = one_step_off(cfg)
     return Workload(roles=split_rollout(roles) if lag else roles, prompts=cfg.data.train_batch_size,
@@ -111,7 +108,9 @@ def search_config(cfg: ExperimentConfig, eff: Efficiency | None = None) -> Searc
         check_batch_sizes(cfg, role.name, Dims(tp=1, pp=1, dp=1))
     device = DeviceSpec.from_cluster(cfg.cluster)
     eff = eff or efficiency_for(cfg.cluster.gpu_type)
-    capacity = cfg.cluster.gpu_memory_gib * GIB * (1 - MEMORY_HEADROOM)
+    # The estimator leaves out CUDA contexts, NCCL buffers and fragmentation: the search fills GPUs only up to
+    # what build_plan's check accepts, the capacity less cluster.gpu_memory_headroom_gib.
+    capacity = (cfg.cluster.gpu_memory_gib - cfg.cluster.gpu_memory_headroom_gib) * GIB
     return search(workload, device, memory_from_config(cfg), eff, capacity,
                   tuple(tuple(g) for g in cfg.placement.colocate))
 

@@ -38,6 +38,10 @@ def plan_candidate(cfg: ExperimentConfig, plan: Plan, lengths: tuple[float, floa
     longest prompt and full response length.
     """
     workload = workload_at_lengths(cfg, lengths)
+    # the optimizer shares the plan offloads (an unset roles.<role>.offload_fraction is the plan's pick)
+    workload = replace(workload, roles=tuple(
+        replace(r, offload_fraction=plan.offload_fractions.get(r.name, 0.0)) if r.trains else r
+        for r in workload.roles))
     device = DeviceSpec.from_cluster(cfg.cluster)
     eff = efficiency_for(cfg.cluster.gpu_type)
     memory = memory_from_config(cfg)

@@ -111,7 +111,9 @@ def _search_partition(partition, solver: SetSolver, device: DeviceSpec) -> Parti
         cand = compose(sets, ranks, solver.workload, device, solver.eff)
         if result.best is None or cand.total < result.best.total:
             result.best = cand
-    if result.best is None:
+    if result.best is None and len(partition) == 1:  # one set takes every GPU: its own reason decides
+        result.reason = solver.solve(partition[0], world).reason
+    elif result.best is None:
         result.reason = "no allocation of the cluster's GPUs gives every set a size with a valid strategy"
     return result
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from hybridflow.placement.auto.cost_model import role_stage_breakdown, role_stage_times
 from hybridflow.placement.auto.device import DeviceSpec, Efficiency
-from hybridflow.placement.auto.strategy import Strategy, strategies_for
+from hybridflow.placement.auto.strategy import Strategy, no_strategy_reason, strategies_for
 from hybridflow.placement.auto.workload import STAGES, Workload
 
 # (role name, strategy) -> (bytes per GPU on the role's busiest rank, KV-cache bytes per GPU the rollout
@@ -126,8 +126,9 @@ class SetSolver:
         for r, front in zip(roles, fronts, strict=True):
             if front:
                 continue
-            if not strategies_for(self.workload.role(r), gpus, self.device, self.workload):
-                why = "no layout gives every rank whole micro-batches"
+            role = self.workload.role(r)
+            if not strategies_for(role, gpus, self.device, self.workload):
+                why = "no layout: " + no_strategy_reason(role, gpus, self.device, self.workload)
             else:
                 why = "no layout fits memory alone"
             return SetSolution(roles, gpus, reason=f"{r} on {gpus} GPUs: {why}")

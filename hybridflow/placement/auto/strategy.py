@@ -84,6 +84,28 @@ def strategies_for(role: RoleWork, gpus: int, device: DeviceSpec, workload: Work
     return out
 
 
+def no_strategy_reason(role: RoleWork, gpus: int, device: DeviceSpec, workload: Workload) -> str:
+    """Why `strategies_for` is empty: the constraint that rules out every layout, with its numbers."""
+    if role.generates_only:
+        return (f"no TP (a power of two <= {min(device.nvlink_domain, gpus)} dividing the heads) "
+                f"leaves {gpus} GPUs / tp ranks that split the {workload.prompts} prompts evenly")
+    tps = [tp for tp in _powers_of_two_upto(min(device.nvlink_domain, gpus)) if gpus % tp == 0 and _tp_ok(tp, role)]
+    pps = [pp for pp in range(1, min(MAX_PP, role.model.num_layers) + 1) if role.model.num_layers % pp == 0]
+    dps = sorted({gpus // (tp * pp) for tp in tps for pp in pps if (gpus // tp) % pp == 0})
+    shape = (f"tp a power of two <= {min(device.nvlink_domain, gpus)} dividing {role.model.num_heads} heads and "
+             f"{role.model.num_kv_heads} query groups, pp dividing {role.model.num_layers} layers")
+    if not dps:
+        return f"no tp x pp ({shape}) divides {gpus} GPUs"
+    batch, what = ((workload.mini_batch_size, "mini-batch") if role.trains
+                   else (workload.samples, "batch"))
+    fits = [dp for dp in dps if batch % (dp * role.micro_batch_size) == 0]
+    if not fits:
+        return (f"dp = {gpus} GPUs / (tp x pp) can be {', '.join(map(str, dps))} ({shape}), and "
+                f"none divides its {what} of {batch} samples into whole micro-batches of {role.micro_batch_size}")
+    return (f"no rollout TP splits the {workload.prompts} prompts evenly over {gpus} GPUs / gen_tp "
+            "ranks")
+
+
 def _rollout_strategies(role: RoleWork, gpus: int, device: DeviceSpec, workload: Workload) -> list[Strategy]:
     """A rollout alone on `gpus` GPUs: every TP inside one NVLink domain whose DP splits the prompts."""
     return [Strategy(g, 1, gpus // g, g) for g in _powers_of_two_upto(min(device.nvlink_domain, gpus))

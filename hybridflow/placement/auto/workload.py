@@ -84,6 +84,9 @@ class RoleWork:
     model: ModelCostShape
     stages: tuple[str, ...]
     micro_batch_size: int = 1
+    # Share of the optimizer megatron's HybridDeviceOptimizer steps on the host (roles.<role>.offload_fraction
+    # with offload_optimizer; 0 = all on the GPU).
+    offload_fraction: float = 0.0
 
     @property
     def trains(self) -> bool:
@@ -170,7 +173,8 @@ def split_rollout(roles: tuple[RoleWork, ...]) -> tuple[RoleWork, ...]:
     for r in roles:
         if r.generates:
             rollout = RoleWork(ROLLOUT, r.model, (GENERATION,))
-            r = RoleWork(r.name, r.model, tuple(s for s in r.stages if s != GENERATION), r.micro_batch_size)
+            r = RoleWork(r.name, r.model, tuple(s for s in r.stages if s != GENERATION), r.micro_batch_size,
+                         r.offload_fraction)
         out.append(r)
     if rollout is None:
         raise ValueError("split_rollout: no role generates")

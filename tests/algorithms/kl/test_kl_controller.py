@@ -38,3 +38,16 @@ def test_build_errors_name_the_field():
         build_kl_controller("pid", 0.1, 1.0, 10)
     with pytest.raises(UserError, match="algorithm.kl_target"):
         build_kl_controller("adaptive", 0.1, 0.0, 10)
+
+
+def test_sequence_kl_is_the_mean_over_responses_of_their_summed_kl():
+    import torch
+
+    from hybridflow.algorithms import sequence_kl
+
+    kl = torch.tensor([[0.1, 0.2, 0.3, float("nan")], [1.0, float("inf"), 5.0, 5.0], [7.0, 7.0, 7.0, 7.0]])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0]], dtype=torch.float32)
+    # responses: 0.1 + 0.2 + 0.3 = 0.6 and 1.0; the empty third row counts nowhere. A mean over all tokens
+    # would give 1.6 / 4 = 0.4, verl's mean of token means (0.2 + 1.0) / 2 = 0.6.
+    assert sequence_kl(kl, mask).item() == pytest.approx((0.6 + 1.0) / 2)
+    assert sequence_kl(kl, torch.zeros_like(mask)).item() == 0.0

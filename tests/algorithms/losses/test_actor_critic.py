@@ -110,3 +110,65 @@ def test_sft_loss_is_masked_nll():
     expected = -(torch.log(torch.tensor(0.25)) + torch.log(torch.tensor(0.9)) + torch.log(torch.tensor(0.1)))
     torch.testing.assert_close(out.loss_sum, expected)
     assert int(out.num_tokens) == 3
+
+
+def _poisoned(t: torch.Tensor, mask: torch.Tensor, values=(float("inf"), float("nan"), -float("inf"))):
+    """`t` with its padding positions overwritten by inf/NaN/-inf in turn."""
+    pad = (~mask.bool()).nonzero()
+    out = t.detach().clone()
+    for i, (r, c) in enumerate(pad.tolist()):
+        out[r, c] = values[i % len(values)]
+    return out
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+def test_inf_nan_in_padding_reach_neither_value_nor_gradient(mode):
+    from hybridflow.algorithms import loss_agg
+
+    new, old, adv, mask = _batch()
+    ent, ref = torch.rand(3, 5), -torch.rand(3, 5)
+    cfg = ActorLossConfig(TokenClip(0.2), entropy_coef=0.01, kl_loss_coef=0.1)
+
+    def run(lp, old, adv, ent, ref):
+        lp = lp.detach().clone().requires_grad_()
+        out = actor_loss(lp, old, adv, mask, cfg, entropy=ent, ref_logprobs=ref, is_weights=torch.ones(3, 5))
+        value = loss_agg.numerator(out.token_loss, out.mask, mode)
+        value.backward()
+        return value, lp.grad, out
+
+    clean_value, clean_grad, _ = run(new, old, adv, ent, ref)
+    value, grad, out = run(*(_poisoned(t, mask) for t in (new, old, adv, ent, ref)))
+    assert torch.isfinite(value) and torch.isfinite(grad).all()
+    torch.testing.assert_close(value, clean_value)
+    torch.testing.assert_close(grad, clean_grad)
+    assert (grad[~mask.bool()] == 0).all()
+    assert torch.isfinite(out.token_loss).all() and (out.token_loss[~mask.bool()] == 0).all()
+    assert all(torch.isfinite(m) for m in out.metrics.values())
+
+
+def test_numerator_ignores_inf_nan_token_loss_in_padding():
+    from hybridflow.algorithms import loss_agg
+
+    _, _, _, mask = _batch()
+    token_loss = _poisoned(torch.rand(3, 5), mask).requires_grad_()
+    for mode in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"):
+        value = loss_agg.numerator(token_loss, mask, mode)
+        (grad,) = torch.autograd.grad(value, token_loss)
+        assert torch.isfinite(value) and torch.isfinite(grad).all() and (grad[~mask.bool()] == 0).all()
+
+
+def test_critic_loss_ignores_inf_nan_in_padding():
+    g = torch.Generator().manual_seed(3)
+    _, _, _, mask = _batch()
+    v, old_v, ret = (torch.randn(3, 5, generator=g) for _ in range(3))
+    cfg = CriticLossConfig()
+
+    def run(v, old_v, ret):
+        v = v.detach().clone().requires_grad_()
+        out = critic_loss(v, old_v, ret, mask, cfg)
+        out.token_loss.sum().backward()
+        return out.loss_sum, v.grad
+
+    clean = run(v, old_v, ret)
+    poisoned = run(*(_poisoned(t, mask) for t in (v, old_v, ret)))
+    torch.testing.assert_close(poisoned, clean)

@@ -44,3 +44,16 @@ def test_one_token_sequences_match_ppo():
     seq, _ = sequence_clip_loss(new, old, adv, mask, 0.2, 0.3)
     tok, _ = ppo_policy_loss(new, old, adv, 0.2, 0.3)
     torch.testing.assert_close(seq, tok[:, 0])
+
+
+def test_far_off_sequence_ratio_is_clamped_and_finite():
+    # float32: mean log-ratio 90 -> exp overflows -> NaN gradient without the clamp
+    new = torch.full((1, 2), 90.0, requires_grad=True)
+    old, mask = torch.zeros(1, 2), torch.ones(1, 2)
+    loss, _ = sequence_clip_loss(new, old, torch.ones(1, 2), mask, clip_low=0.1, clip_high=0.1)
+    loss.sum().backward()
+    assert abs(loss.item() + 1.1) < 1e-6 and torch.isfinite(new.grad).all()
+    new64 = torch.full((1, 2), 25.0, dtype=torch.float64)
+    loss64, _ = sequence_clip_loss(new64, old.double(), -torch.ones(1, 2, dtype=torch.float64), mask.double(),
+                                   clip_low=0.1, clip_high=0.1)
+    assert abs(loss64.item() / math.exp(20.0) - 1) < 1e-12  # -A * exp(clamp(25, +-20))

@@ -60,3 +60,30 @@ def test_asymmetric_clip_uses_clip_high_above_one():
     logp, old, adv = torch.tensor([math.log(1.5)]), torch.tensor([0.0]), torch.tensor([1.0])
     loss, clipped = ppo_policy_loss(logp, old, adv, 0.2, 0.28)
     assert loss.item() == pytest.approx(-1.28) and clipped.item()
+
+
+def test_float32_log_ratio_90_gives_finite_loss_and_gradient():
+    # exp(90) overflows float32: the unclipped branch is -inf and torch.maximum's backward multiplies 0 by inf
+    logprobs = torch.tensor([90.0], requires_grad=True)
+    loss, clipped = ppo_policy_loss(logprobs, torch.zeros(1), torch.tensor([1.0]), 0.2, 0.2)
+    loss.sum().backward()
+    assert loss.item() == pytest.approx(-1.2) and bool(clipped)
+    assert torch.isfinite(logprobs.grad).all() and logprobs.grad.item() == 0.0
+
+
+def test_float64_log_ratio_25_with_negative_advantage_is_the_clamped_formula():
+    logprobs = torch.tensor([25.0], dtype=torch.float64, requires_grad=True)
+    adv = torch.tensor([-0.5], dtype=torch.float64)
+    loss, _ = ppo_policy_loss(logprobs, torch.zeros(1, dtype=torch.float64), adv, 0.2, 0.2)
+    # unclamped: 0.5 * e^25 = 3.6e10; clamped at LOG_RATIO_MAX = 20: 0.5 * e^20
+    assert loss.item() == pytest.approx(0.5 * math.exp(20.0), rel=1e-12)
+    loss.sum().backward()
+    assert logprobs.grad.item() == 0.0  # beyond the clamp: no gradient pushing it further
+
+
+def test_clamp_leaves_ordinary_ratios_alone():
+    lp = torch.tensor([19.0, -19.0, 0.3], dtype=torch.float64)
+    adv = torch.tensor([-1.0, 1.0, -1.0], dtype=torch.float64)
+    loss, _ = ppo_policy_loss(lp, torch.zeros(3, dtype=torch.float64), adv, 0.2, 0.2)
+    expected = torch.tensor([math.exp(19.0), -math.exp(-19.0), math.exp(0.3)], dtype=torch.float64)
+    torch.testing.assert_close(loss, expected)

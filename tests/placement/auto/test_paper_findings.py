@@ -88,3 +88,17 @@ def test_explanation_names_why_the_split_lost_at_small_scale(paper):
     assert "generation +" in losers[0].reason  # the split's actor generates on fewer GPUs
     text = explanation.format()
     assert "runners-up:" in text and "calibrated: 0 of" in text
+
+
+def test_explanation_names_the_constraint_that_decided_13b_at_96_gpus(paper):
+    # 96 = 3 x 32 GPUs: with tp | 40 heads and pp | 40 layers, dp = 96 / (tp x pp) always keeps the factor 3,
+    # and no such dp divides the 256-sample mini-batch, so colocating everything on all 96 GPUs is impossible:
+    # that, not a cost comparison, is why the chosen plan splits.
+    result = search_config(paper("13b", 96))
+    assert len(result.chosen.sets) > 1
+    colocated_reason = colocated(result).reason
+    assert "dp = 96 GPUs / (tp x pp) can be 3, 6, 12, 24, 48, 96" in colocated_reason
+    assert "mini-batch of 256 samples" in colocated_reason
+    _, explanation = search_placement(paper("13b", 96))
+    assert explanation.why.startswith("colocating every role on all 96 GPUs is ruled out (actor on 96 GPUs")
+    assert "mini-batch of 256" in explanation.why and "splitting wins" not in explanation.why

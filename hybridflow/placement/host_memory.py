@@ -1,0 +1,112 @@
+"""Host (CPU) memory per node (bytes), a pure function of the role meshes and the experiment.
+
+Parts, per rank, summed over a node's ranks (then the node's own share), all counted at once: a
+conservative peak (the end-of-run checkpoint is written while the offloaded states still exist):
+  processes    each training rank's process (Python, torch, the CUDA runtime's and NCCL's host state):
+               TRAINING_PROCESS_GIB; a vLLM rollout rank's engine process: VLLM_ENGINE_PROCESS_GIB; the node's
+               OS and launcher: NODE_SYSTEM_GIB. Round figures, not measured here.
+  optimizer    megatron's HybridDeviceOptimizer (megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py,
+               megatron-core 0.19) on the offloaded share f of the rank's distributed-optimizer shard (P / dp
+               parameters): a host fp32 copy of each offloaded parameter (`clone().cpu()` then `.float()`,
+               param_update_in_fp32), torch Adam's exp_avg and exp_avg_sq on it (fp32), and the pinned fp32
+               buffer its gradients are copied into (`cpu_copy_map_grad`, pin_cpu_grads):
+               16 bytes x f x P / dp. The grad buffer is page-locked: the OS can never swap it out.
+  rollout      vLLM's weights while it sleeps at `rollout.sleep_level=1` (level 1 moves them to host memory;
+               level 2 and the native engine drop nothing there): the rank's rollout shard.
+  checkpoint   the larger of the two writes (they never overlap):
+               - the final HF export (`final_hf/`, always): TP rank 0 of each actor stage on DP replica 0
+                 gathers the stage's full weights and safetensors' `save_file` serialises them in host memory;
+               - with `trainer.save_every` > 0, megatron's dist_checkpointing, which stages every tensor it
+                 writes in host memory at once (filesystem_async.preload_tensors: `tensor.to("cpu")`): each
+                 trained role's GPU-resident optimizer share (offloaded states are written from where they
+                 live) and, on DP replica 0 (the replica that writes them), its weights.
+  hf_load      loading HF safetensors reads each tensor's shard (memory-mapped, so the file's pages are cache
+               the OS can drop): the largest one, the (padded) embedding shard, read and converted (x 2).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+
+from hybridflow.config.experiment import ExperimentConfig
+from hybridflow.config.model import DTYPE_BYTES
+from hybridflow.config.parallel import MODEL_ROLES, TRAINED_ROLES, Role
+from hybridflow.placement.cluster import GPU
+from hybridflow.placement.memory import GIB, offloaded_share, optimizer_bytes, padded_vocab, stage_params
+from hybridflow.placement.mesh import RoleMesh
+
+HOST_OPTIMIZER_BYTES_PER_PARAM = 16  # fp32 master 4 + Adam moments 8 + pinned fp32 grad copy 4
+TRAINING_PROCESS_GIB = 3.0
+VLLM_ENGINE_PROCESS_GIB = 4.0
+NODE_SYSTEM_GIB = 4.0
+
+
+@dataclass(frozen=True)
+class HostMemoryEstimate:
+    processes: int = 0
+    optimizer: int = 0
+    rollout: int = 0
+    checkpoint: int = 0
+    hf_load: int = 0
+
+    @property
+    def total(self) -> int:
+        return sum(getattr(self, f.name) for f in fields(self))
+
+    def __add__(self, other: HostMemoryEstimate) -> HostMemoryEstimate:
+        return HostMemoryEstimate(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
+
+    def to_json(self) -> dict[str, int]:
+        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "total": self.total}
+
+
+def offloaded_optimizer_bytes(cfg: ExperimentConfig, role: str, mesh: RoleMesh, stage: int) -> int:
+    """Host bytes of one rank's offloaded optimizer share (module docstring, "optimizer")."""
+    share = offloaded_share(cfg.roles.get(role))
+    params = stage_params(cfg.role_model(role), role, mesh.tp, mesh.pp, stage)
+    return math.ceil(HOST_OPTIMIZER_BYTES_PER_PARAM * share * params / mesh.dp)
+
+
+def rank_host_memory(cfg: ExperimentConfig, meshes: Mapping[str, RoleMesh], rank: int) -> HostMemoryEstimate:
+    """Host memory one rank's roles need (module docstring)."""
+    processes, optimizer, rollout, hf_load = TRAINING_PROCESS_GIB * GIB, 0, 0, 0
+    dist_ckpt, hf_export = 0, 0
+    for role, mesh in meshes.items():
+        if rank not in mesh.ranks:
+            continue
+        stage = mesh.coords(rank)[2]
+        model = cfg.role_model(role)
+        params = stage_params(model, role, mesh.tp, mesh.pp, stage)
+        if role == Role.ROLLOUT:
+            if cfg.rollout.engine == "vllm":
+                processes += VLLM_ENGINE_PROCESS_GIB * GIB
+                if cfg.rollout.sleep_level == 1:
+                    rollout += params * DTYPE_BYTES[cfg.rollout.dtype or model.dtype]
+            continue
+        if role in MODEL_ROLES:
+            embedding = padded_vocab(model, mesh.tp) * model.hidden_size // mesh.tp
+            hf_load = max(hf_load, 2 * embedding * DTYPE_BYTES[model.dtype])
+        if role not in TRAINED_ROLES:
+            continue
+        optimizer += offloaded_optimizer_bytes(cfg, role, mesh, stage)
+        tp_rank, dp_rank, _ = mesh.coords(rank)
+        weights = params * DTYPE_BYTES[model.dtype] if dp_rank == 0 else 0
+        if cfg.trainer.save_every:
+            on_gpu = optimizer_bytes(model, params, mesh.dp) * (1 - offloaded_share(cfg.roles.get(role)))
+            dist_ckpt += weights + math.ceil(on_gpu)
+        if role == Role.ACTOR and dp_rank == 0 and tp_rank == 0:
+            hf_export = stage_params(model, role, 1, mesh.pp, stage) * DTYPE_BYTES[model.dtype]
+    return HostMemoryEstimate(int(processes), optimizer, rollout, max(dist_ckpt, hf_export), hf_load)
+
+
+def node_host_memory(
+    cfg: ExperimentConfig, meshes: Mapping[str, RoleMesh], gpus: tuple[GPU, ...]
+) -> dict[int, HostMemoryEstimate]:
+    """Node -> host memory of its ranks plus the node's own (NODE_SYSTEM_GIB, counted under processes)."""
+    out = {node: HostMemoryEstimate(processes=int(NODE_SYSTEM_GIB * GIB)) for node in sorted({g.node for g in gpus})}
+    for gpu in gpus:
+        if any(gpu.rank in m.ranks for m in meshes.values()):
+            out[gpu.node] = out[gpu.node] + rank_host_memory(cfg, meshes, gpu.rank)
+    return out
