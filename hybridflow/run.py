@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from hybridflow.config import ExperimentConfig, load_experiment, split_argv
+from hybridflow.config_help import config_parser, job_config_yaml, parse_config_args
 from hybridflow.errors import cli_errors
 from hybridflow.launch import LaunchError, LaunchInterrupted, detect_launcher, launch_local
 from hybridflow.noise import quiet_known_noise
@@ -25,12 +26,16 @@ from hybridflow.trainer.preflight import preflight
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_config_args(config_parser("python -m hybridflow.run", __doc__), argv)
     first = os.environ.get("RANK", "0") == "0"  # under torchrun/srun every rank runs this: say things once
     cfg, start_step, offset = None, 0, 0
     try:
         with cli_errors():
-            experiment, overrides = split_argv(argv)
+            experiment, overrides = split_argv(args.overrides)
             cfg = load_experiment(experiment, overrides)
+            if args.cfg:
+                print(job_config_yaml(cfg), end="")
+                return
             plan = plan_placement(cfg)
             preflight(cfg, plan)
             start_from = resume.resume_point(cfg)
