@@ -24,6 +24,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from hybridflow.errors import UserError
+from hybridflow.launch.console import RankConsole
 from hybridflow.launch.failure_report import describe_failure, first_error
 from hybridflow.launch.lifeline import LAUNCHER_PID_VARIABLE, run_with_launcher
 from hybridflow.launch.ports import free_port, port_is_free
@@ -57,10 +58,11 @@ class LaunchInterrupted(Exception):
 
 
 class RankLogsSpecs(DefaultLogsSpecs):
-    """torch's default per-rank log files, remembering which global rank wrote which file."""
+    """torch's default per-rank log files (no tee: `RankConsole` shows rank 0's), remembering which global
+    rank wrote which file."""
 
-    def __init__(self, log_dir: str, tee: bool = True) -> None:
-        super().__init__(log_dir=log_dir, redirects=Std.ALL, tee=Std.ALL if tee else Std.NONE)
+    def __init__(self, log_dir: str) -> None:
+        super().__init__(log_dir=log_dir, redirects=Std.ALL, tee=Std.NONE)
         self.stderr_of_rank: dict[int, str] = {}
         self.stdout_of_rank: dict[int, str] = {}
 
@@ -160,12 +162,13 @@ def launch_ranks(nproc: int, entrypoint: Callable[..., Any] | str, args: Sequenc
 
     The one way hybridflow starts local ranks (`launch_local` for a plan, `hybridflow.convert` for its
     conversion ranks). `devices` is the workers' CUDA_VISIBLE_DEVICES ("" hides every GPU);
-    `start_method` defaults to forkserver without CUDA and spawn with it. `quiet`: the ranks' output goes only to
-    their log files and the agent prints nothing, so the caller alone reports (a CLI's one-line error).
+    `start_method` defaults to forkserver without CUDA and spawn with it. Rank 0's output is shown here as it is
+    written (`RankConsole`); every rank's is in its log file. `quiet`: the ranks' output goes only to their log
+    files and the agent prints nothing, so the caller alone reports (a CLI's one-line error).
     Raises `LaunchError` naming the rank that failed first, `LaunchInterrupted` when this process was
     signalled (the ranks are stopped by then).
     """
-    logs = RankLogsSpecs(str(log_dir), tee=not quiet)
+    logs = RankLogsSpecs(str(log_dir))
     target, target_args = _entrypoint(entrypoint, args)
     if start_method is None:
         start_method = "spawn" if torch.cuda.is_available() else "forkserver"
@@ -174,7 +177,8 @@ def launch_ranks(nproc: int, entrypoint: Callable[..., Any] | str, args: Sequenc
         # are forked, and a child forked while it holds glibc's resolver lock hangs in its own store connect
         # (seen: 1 launch in 3 on the CI machine, whose DNS lookups time out). The fork server is
         # single-threaded; it imports the entrypoint's module once, so ranks still start without re-importing.
-        multiprocessing.get_context("forkserver").set_forkserver_preload([target.__module__])
+        multiprocessing.get_context("forkserver").set_forkserver_preload(["hybridflow.launch.fork_server",
+                                                                          target.__module__])
     if callable(target):  # ranks end when this process dies, even by SIGKILL (hybridflow/launch/lifeline.py)
         target, target_args = run_with_launcher, [os.getpid(), target, *target_args]
     options = dict(
@@ -188,7 +192,11 @@ def launch_ranks(nproc: int, entrypoint: Callable[..., Any] | str, args: Sequenc
         options["shutdown_timeout"] = stop_grace_s
     config = LaunchConfig(**options)
     env = {"CUDA_VISIBLE_DEVICES": devices, LAUNCHER_PID_VARIABLE: str(os.getpid())}
-    with _environ(env), _agent_logs_quieted(quiet):
+    def rank0_files() -> tuple[str, str] | None:
+        return (logs.stdout_of_rank[0], logs.stderr_of_rank[0]) if 0 in logs.stdout_of_rank else None
+
+    console = contextlib.nullcontext() if quiet else RankConsole(rank0_files)
+    with _environ(env), _agent_logs_quieted(quiet), console:
         try:
             return elastic_launch(config, target)(*target_args)
         except ChildFailedError as err:
