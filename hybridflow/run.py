@@ -52,6 +52,10 @@ def main(argv: list[str] | None = None) -> None:
                       f"  output: {out.resolve()}", flush=True)
                 if start_from is not None:
                     print(f"  {resume.resumed_line(start_from)}", flush=True)
+                previous = resume.set_aside_previous(cfg)
+                if previous is not None:
+                    print(f"  starting over (trainer.resume=never): the previous run's checkpoints and metrics "
+                          f"are in {previous}", flush=True)
             offset = resume.metrics_size(out)
             _launch(cfg, plan, experiment, overrides)
     except (KeyboardInterrupt, LaunchInterrupted) as err:

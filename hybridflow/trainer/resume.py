@@ -8,6 +8,7 @@ total_steps, save/validation cadence, logging, the parity gate) may change on re
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,21 @@ def resume_point(cfg: ExperimentConfig) -> Path | None:
         raise UserError(f"trainer.resume: {mode!r} is not a checkpoint directory (no metadata.json); "
                         "set auto, never or a checkpoints/step_N directory")
     return path
+
+
+def set_aside_previous(cfg: ExperimentConfig) -> Path | None:
+    """`trainer.resume=never` in a directory that holds a run: move its checkpoints and metrics to
+    `previous/<UTC time>/` (nothing is deleted), so that a later `auto` resume cannot pick the old run's
+    checkpoints and the new metrics do not mix with the old ones. Returns where they went (None: nothing)."""
+    out = Path(cfg.trainer.output_dir)
+    held = [out / name for name in ("checkpoints", "metrics.jsonl") if (out / name).exists()]
+    if cfg.trainer.resume != "never" or not held:
+        return None
+    dest = out / "previous" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    dest.mkdir(parents=True)
+    for path in held:
+        path.rename(dest / path.name)
+    return dest
 
 
 def checkpoint_step(path: Path) -> int:
@@ -94,7 +110,8 @@ def check_resumable(ckpt_dir: Path, cfg: ExperimentConfig, plan: Plan) -> None:
 
     changes = "; ".join(f"{key} {shown(old.get(key))} -> {shown(new.get(key))}" for key in differ)
     raise UserError(f"trainer.resume: checkpoint {ckpt_dir} is of another run ({changes}); set "
-                    f"trainer.output_dir to a new directory, or trainer.resume=never to start fresh in this one")
+                    "trainer.output_dir to a new directory, or trainer.resume=never to start over in this one "
+                    "(its checkpoints and metrics move to previous/)")
 
 
 # ---- what the run command says about where a run stands --------------------------------------------

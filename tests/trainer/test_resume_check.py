@@ -18,6 +18,7 @@ from hybridflow.trainer.resume import (
     checkpoint_step,
     fingerprint,
     resume_point,
+    set_aside_previous,
     step_dir,
     write_fingerprint,
 )
@@ -84,6 +85,20 @@ def test_finished_run_says_where_it_stands_instead_of_training_again(tmp_path, c
     assert out == [f"hybridflow run: tiny_cpu is complete at step 10 (checkpoint {ckpt}); outputs in {tmp_path} "
                    "(metrics.jsonl, final_hf/); to train on, raise trainer.total_steps (e.g. trainer.total_steps=20)"]
     assert not (tmp_path / "logs").exists()
+
+
+def test_resume_never_sets_the_previous_run_aside(tmp_path):
+    ckpt = _checkpoint_of(tmp_path, "tiny_cpu", 10)
+    (tmp_path / "metrics.jsonl").write_text('{"step": 10, "phase": "rl"}\n')
+    cfg = load_experiment("grpo_tiny_cpu", [f"trainer.output_dir={tmp_path}", "trainer.resume=never"])
+    assert resume_point(cfg) is None
+    previous = set_aside_previous(cfg)
+    assert previous is not None and previous.parent == tmp_path / "previous"
+    assert (previous / "checkpoints" / ckpt.name / FINGERPRINT_FILE).is_file()  # moved, not deleted
+    assert (previous / "metrics.jsonl").is_file() and not (tmp_path / "metrics.jsonl").exists()
+    auto = load_experiment("grpo_tiny_cpu", [f"trainer.output_dir={tmp_path}"])
+    assert resume_point(auto) is None  # a later auto resume cannot pick the PPO run's checkpoint
+    assert set_aside_previous(cfg) is None  # nothing left to move
 
 
 def test_explicit_resume_path_must_be_a_checkpoint(tmp_path):
