@@ -176,7 +176,8 @@ def launch_ranks(nproc: int, entrypoint: Callable[..., Any] | str, args: Sequenc
         # Not plain fork: the agent's store thread resolves peer addresses (getnameinfo) while later ranks
         # are forked, and a child forked while it holds glibc's resolver lock hangs in its own store connect
         # (seen: 1 launch in 3 on the CI machine, whose DNS lookups time out). The fork server is
-        # single-threaded; it imports the entrypoint's module once, so ranks still start without re-importing.
+        # single-threaded; it imports the entrypoint's module once, so ranks still start without re-importing
+        # (`fork_server` first: the known warnings of those imports are not printed raw there).
         multiprocessing.get_context("forkserver").set_forkserver_preload(["hybridflow.launch.fork_server",
                                                                           target.__module__])
     if callable(target):  # ranks end when this process dies, even by SIGKILL (hybridflow/launch/lifeline.py)
@@ -192,6 +193,7 @@ def launch_ranks(nproc: int, entrypoint: Callable[..., Any] | str, args: Sequenc
         options["shutdown_timeout"] = stop_grace_s
     config = LaunchConfig(**options)
     env = {"CUDA_VISIBLE_DEVICES": devices, LAUNCHER_PID_VARIABLE: str(os.getpid())}
+
     def rank0_files() -> tuple[str, str] | None:
         return (logs.stdout_of_rank[0], logs.stderr_of_rank[0]) if 0 in logs.stdout_of_rank else None
 

@@ -1,5 +1,6 @@
-"""The run command across a run's life, as a user meets it: a finished tiny PPO run, resumed with more steps
-(it says from where), interrupted with Ctrl-C (one line, exit 130, where to resume)."""
+"""The run command across a run's life, as a user meets it: a finished tiny PPO run (run again: it says it is
+complete; GRPO pointed at it: one line naming what differs), resumed with more steps (it says from where),
+interrupted with Ctrl-C (one line, exit 130, where to resume)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,13 @@ QUICK = ("data.train_batch_size=16", "algorithm.mini_batch_size=16", "roles.acto
 def test_resume_prints_its_checkpoint_and_ctrl_c_prints_one_line(tmp_path):
     run(tmp_path, *QUICK, "trainer.total_steps=2")
     assert (tmp_path / "checkpoints" / "step_000002" / "fingerprint.json").is_file()
+    again = run(tmp_path, *QUICK, "trainer.total_steps=2")
+    assert again.stdout.startswith(f"hybridflow run: tiny_cpu is complete at step 2 (checkpoint {tmp_path}/")
+    assert "raise trainer.total_steps" in again.stdout and "done:" not in again.stdout  # nothing trained
+    grpo = subprocess.run(run_command(tmp_path, "+experiment=grpo_tiny_cpu"), cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    assert grpo.returncode == 2 and len(grpo.stderr.strip().splitlines()) == 1, grpo.stderr[-3000:]
+    assert grpo.stderr.startswith("error: trainer.resume: checkpoint ") and "algorithm.name ppo -> grpo" in grpo.stderr
 
     command = run_command(tmp_path, *QUICK, "trainer.total_steps=30")
     with (tmp_path / "out.txt").open("w") as out, (tmp_path / "err.txt").open("w") as err:
