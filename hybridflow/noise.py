@@ -44,6 +44,9 @@ KNOWN_NOISE = (
           "megatron-core's note on recomputing Transformer Engine's fused attention"),
     Noise("CUDA_DEVICE_MAX_CONNECTIONS", "CUDA_DEVICE_MAX_CONNECTIONS unset (matters only for TP comm overlap)"),
     Noise("non-leaf Tensor", "torch: .grad of a non-leaf tensor read (megatron-core internals)"),
+    Noise("MCore's async save is deprecated", "megatron-core's own save path logs that its async mode is "
+          "deprecated (checkpoints here are written synchronously)",
+          "megatron.core.dist_checkpointing.strategies.torch"),
     Noise("is deprecated", "deprecated in a dependency", quote=True),
 )
 

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hybridflow.config import load_experiment, split_argv
+from hybridflow.config_help import config_parser, job_config_yaml, parse_config_args
 from hybridflow.data.vocabulary import check_run_tokens, stop_ids_source
 from hybridflow.errors import cli_errors
 from hybridflow.placement import plan_placement
@@ -22,16 +23,18 @@ from hybridflow.placement.report import format_plan
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m hybridflow.plan", description=__doc__)
-    parser.add_argument("overrides", nargs="*", help="Hydra overrides: +experiment=NAME key=value ...")
+    parser = config_parser("python -m hybridflow.plan", __doc__)
     parser.add_argument("--out", default="plan.json", help="where to write the plan as JSON (default ./plan.json)")
-    return parser.parse_args(argv)
+    return parse_config_args(parser, argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     with cli_errors():
         cfg = load_experiment(*split_argv(args.overrides))
+        if args.cfg:
+            print(job_config_yaml(cfg), end="")
+            return 0
         explanation = None
         if cfg.placement.mode == "auto":  # the search also explains itself: stage times and runners-up
             plan, explanation = search_placement(cfg)

@@ -1,50 +1,98 @@
 """`python -m hybridflow.run +experiment=NAME [overrides]`: plan, check, launch the ranks, train.
 
 Outside a launcher it starts one process per planned rank through PyTorch's elastic launcher; under
-torchrun or srun it is one of those ranks already.
+torchrun or srun it is one of those ranks already. A finished run is not trained again; a run that can
+resume from its output directory does, after its checkpoint was checked against this run.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
+import signal
 import sys
 from pathlib import Path
 
-from hybridflow.config import load_experiment, split_argv
+from hybridflow.config import ExperimentConfig, load_experiment, split_argv
+from hybridflow.config_help import config_parser, job_config_yaml, parse_config_args
 from hybridflow.errors import cli_errors
-from hybridflow.launch import LaunchError, detect_launcher, launch_local
+from hybridflow.launch import LaunchError, LaunchInterrupted, detect_launcher, launch_local
 from hybridflow.noise import quiet_known_noise
-from hybridflow.placement import plan_placement
+from hybridflow.placement import Plan, plan_placement
 from hybridflow.placement.report import plan_summary
+from hybridflow.trainer import resume
 from hybridflow.trainer.preflight import preflight
 
 
 def main(argv: list[str] | None = None) -> None:
-    with cli_errors():
-        experiment, overrides = split_argv(sys.argv[1:] if argv is None else argv)
-        cfg = load_experiment(experiment, overrides)
-        plan = plan_placement(cfg)
-        notes = preflight(cfg, plan)
-        if os.environ.get("RANK", "0") == "0":  # under torchrun/srun every rank runs this: say it once
-            print(f"hybridflow run: experiment {cfg.name}\n  plan:   {plan_summary(plan)}\n"
-                  f"  output: {Path(cfg.trainer.output_dir).resolve()}", *notes, sep="\n", flush=True)
-        log_dir = Path(cfg.trainer.output_dir) / "logs"
-        quiet_known_noise(log_dir=log_dir)
-        # Imported only now: megatron-core's import-time warnings should not bury a bad-input message.
-        from hybridflow.trainer.rank_main import rank_main
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_config_args(config_parser("python -m hybridflow.run", __doc__), argv)
+    first = os.environ.get("RANK", "0") == "0"  # under torchrun/srun every rank runs this: say things once
+    cfg, start_step, offset = None, 0, 0
+    try:
+        with cli_errors():
+            experiment, overrides = split_argv(args.overrides)
+            cfg = load_experiment(experiment, overrides)
+            if args.cfg:
+                print(job_config_yaml(cfg), end="")
+                return
+            plan = plan_placement(cfg)
+            notes = preflight(cfg, plan)
+            start_from = resume.resume_point(cfg)
+            if start_from is not None:
+                resume.check_resumable(start_from, cfg, plan)
+                start_step = resume.checkpoint_step(start_from)
+                if start_step >= cfg.trainer.total_steps:
+                    if first:
+                        print(resume.complete_line(start_from, cfg), flush=True)
+                    return
+            out = Path(cfg.trainer.output_dir)
+            if first:
+                print(f"hybridflow run: experiment {cfg.name}\n  plan:   {plan_summary(plan)}\n"
+                      f"  output: {out.resolve()}", *notes, sep="\n", flush=True)
+                if start_from is not None:
+                    print(f"  {resume.resumed_line(start_from)}", flush=True)
+                previous = resume.set_aside_previous(cfg)
+                if previous is not None:
+                    print(f"  starting over (trainer.resume=never): the previous run's checkpoints and metrics "
+                          f"are in {previous}", flush=True)
+            offset = resume.metrics_size(out)
+            _launch(cfg, plan, experiment, overrides)
+    except (KeyboardInterrupt, LaunchInterrupted) as err:
+        if first:
+            # On a line of its own: rank 0's progress bar may have left the cursor mid-line.
+            print("\n" + _interrupted(cfg, argv, start_step, offset), file=sys.stderr)
+        code = err.exit_code if isinstance(err, LaunchInterrupted) else 128 + signal.SIGINT
+        raise SystemExit(code) from None
 
-        if detect_launcher() is not None:
-            rank_main(experiment, overrides)
-            return
-        try:
-            results = launch_local(plan, rank_main, (experiment, overrides), cfg.distributed, log_dir)
-        except LaunchError as err:
-            print(f"error: {err}", file=sys.stderr)
-            raise SystemExit(1) from None
-        last = results.get(0) or {}
-        if last:
-            print(f"done: {cfg.trainer.total_steps} steps, final reward {last.get('reward/mean', float('nan')):.3f}, "
-                  f"outputs in {cfg.trainer.output_dir}")
+
+def _interrupted(cfg: ExperimentConfig | None, argv: list[str], start_step: int, offset: int) -> str:
+    """The one line for Ctrl-C: the last step logged since this launch began (else the one it started from)."""
+    if cfg is None:  # still composing the config
+        return "interrupted"
+    step = resume.last_step_since(Path(cfg.trainer.output_dir), offset) or start_step
+    return resume.interrupted_line(step, cfg, shlex.join(["python", "-m", "hybridflow.run", *argv]))
+
+
+def _launch(cfg: ExperimentConfig, plan: Plan, experiment: str | None, overrides: list[str]) -> None:
+    """Train: in this process under torchrun/srun, else in one local process per planned rank."""
+    log_dir = Path(cfg.trainer.output_dir) / "logs"
+    quiet_known_noise(log_dir=log_dir)
+    # Imported only now: megatron-core's import-time warnings should not bury a bad-input message.
+    from hybridflow.trainer.rank_main import rank_main
+
+    if detect_launcher() is not None:
+        rank_main(experiment, overrides)
+        return
+    try:
+        results = launch_local(plan, rank_main, (experiment, overrides), cfg.distributed, log_dir)
+    except LaunchError as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(1) from None
+    last = results.get(0) or {}
+    if last:
+        print(f"done: {cfg.trainer.total_steps} steps, final reward {last.get('reward/mean', float('nan')):.3f}, "
+              f"outputs in {cfg.trainer.output_dir}")
 
 
 if __name__ == "__main__":

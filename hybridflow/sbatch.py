@@ -21,6 +21,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from hybridflow.config import ExperimentConfig, load_experiment, split_argv
+from hybridflow.config_help import config_parser, job_config_yaml, parse_config_args
 from hybridflow.errors import UserError, cli_errors
 from hybridflow.launch.sbatch_script import builtin_templates, layout_from_plan, render_sbatch
 from hybridflow.launch.slurm_config import SlurmConfig
@@ -49,15 +50,18 @@ def _has_slurm_field() -> bool:
     return any(f.name == "slurm" for f in dataclasses.fields(ExperimentConfig))
 
 
-def render_for_experiment(argv_overrides: Sequence[str]) -> str:
-    """The script text for `+experiment=NAME overrides...` (slurm.* included)."""
+def load_job(argv_overrides: Sequence[str]) -> tuple[ExperimentConfig, SlurmConfig, list[str]]:
+    """The experiment, the Slurm settings and the overrides the job's run command gets."""
     if _has_slurm_field():
         cfg = load_experiment(*split_argv(argv_overrides))
-        slurm = cfg.slurm
-        run_overrides = [o for o in argv_overrides if not o.startswith(SLURM_PREFIX)]
-    else:
-        slurm, run_overrides = parse_slurm_overrides(argv_overrides)
-        cfg = load_experiment(*split_argv(run_overrides))
+        return cfg, cfg.slurm, [o for o in argv_overrides if not o.startswith(SLURM_PREFIX)]
+    slurm, run_overrides = parse_slurm_overrides(argv_overrides)
+    return load_experiment(*split_argv(run_overrides)), slurm, run_overrides
+
+
+def render_for_experiment(argv_overrides: Sequence[str]) -> str:
+    """The script text for `+experiment=NAME overrides...` (slurm.* included)."""
+    cfg, slurm, run_overrides = load_job(argv_overrides)
     plan = plan_placement(cfg)
     layout = layout_from_plan(plan, request_gpus=cfg.cluster.gpu_type != "cpu")
     command = slurm.command or " ".join(["-m hybridflow.run", *map(shlex.quote, run_overrides)])
@@ -71,14 +75,11 @@ def render_for_experiment(argv_overrides: Sequence[str]) -> str:
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m hybridflow.sbatch", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("overrides", nargs="*",
-                        help="+experiment=NAME, key=value and slurm.key=value overrides")
+    parser = config_parser("python -m hybridflow.sbatch", __doc__)
     parser.add_argument("-o", "--out", help="write the script here (default: print it)")
     parser.add_argument("--write-templates", metavar="DIR",
                         help="write the generic templates (scripts/slurm/) into DIR and exit")
-    return parser.parse_args(argv)
+    return parse_config_args(parser, argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -91,6 +92,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"wrote {path}")
         return 0
     with cli_errors():
+        if args.cfg:  # the experiment's config (slurm.* settings are the job's, not the run's)
+            print(job_config_yaml(load_job(args.overrides)[0]), end="")
+            return 0
         text = render_for_experiment(args.overrides)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

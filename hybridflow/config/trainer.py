@@ -19,8 +19,9 @@ class TrainerConfig:
     grad_clip: float = bounded(1.0, ge=0)  # 0 = no clipping
     warmup_sft_steps: int = bounded(0, ge=0)
     sft_lr: float | None = bounded(None, gt=0, lt=1)  # learning rate of the supervised warm-up; None = lr
-    save_every: int = bounded(0, ge=0)  # 0 = only at the end
-    resume: str = "auto"  # "auto" | "never" | path to a checkpoint dir
+    save_every: int = bounded(0, ge=0)  # every N RL steps, and always after the last; 0 = only the last
+    # "auto" (the newest complete checkpoint in output_dir) | "never" (start over) | a checkpoint directory
+    resume: str = "auto"
     output_dir: str = "runs/${name}"
     val_every: int = bounded(0, ge=0)  # validate every N RL steps (and after the last); 0 = off
     val_before_train: bool = False  # validate once before the first RL step (after the SFT warm-up)

@@ -11,12 +11,13 @@ from hybridflow.launch.environment import (
     slurm_hostnames,
     worker_env,
 )
-from hybridflow.launch.local import LaunchError, launch_local, launch_ranks
+from hybridflow.launch.local import LaunchError, LaunchInterrupted, launch_local, launch_ranks
 from hybridflow.launch.ports import free_port, port_is_free
 from hybridflow.launch.process_group import init_distributed, resolve_backend
 
 __all__ = [
     "LaunchError",
+    "LaunchInterrupted",
     "LauncherEnv",
     "check_node_mapping",
     "detect_launcher",

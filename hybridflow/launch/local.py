@@ -19,12 +19,14 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException, Std
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from hybridflow.errors import UserError
+from hybridflow.launch.console import RankConsole
 from hybridflow.launch.failure_report import describe_failure, first_error
+from hybridflow.launch.lifeline import LAUNCHER_PID_VARIABLE, run_with_launcher
 from hybridflow.launch.ports import free_port, port_is_free
 
 if TYPE_CHECKING:
@@ -43,11 +45,24 @@ class LaunchError(RuntimeError):
         self.first_error = first_error
 
 
-class RankLogsSpecs(DefaultLogsSpecs):
-    """torch's default per-rank log files, remembering which global rank wrote which file."""
+class LaunchInterrupted(Exception):
+    """The launcher got SIGINT/SIGTERM/SIGHUP/SIGQUIT (Ctrl-C, scancel); the agent has stopped every rank."""
 
-    def __init__(self, log_dir: str, tee: bool = True) -> None:
-        super().__init__(log_dir=log_dir, redirects=Std.ALL, tee=Std.ALL if tee else Std.NONE)
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"interrupted by signal {signum}")
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum  # what a shell reports for a process ended by that signal (130 for Ctrl-C)
+
+
+class RankLogsSpecs(DefaultLogsSpecs):
+    """torch's default per-rank log files (no tee: `RankConsole` shows rank 0's), remembering which global
+    rank wrote which file."""
+
+    def __init__(self, log_dir: str) -> None:
+        super().__init__(log_dir=log_dir, redirects=Std.ALL, tee=Std.NONE)
         self.stderr_of_rank: dict[int, str] = {}
         self.stdout_of_rank: dict[int, str] = {}
 
@@ -77,13 +92,15 @@ def visible_devices(local_indices: Sequence[int], inherited: str | None) -> str:
 
 
 @contextlib.contextmanager
-def _agent_logs_silenced(silence: bool) -> Iterator[None]:
-    """With `silence`, the elastic agent's own log lines (its traceback of a failed rank) are dropped for the
-    call: torch sets a level on each of its `torch.distributed.elastic.*` loggers, so each is raised."""
-    names = [n for n in logging.root.manager.loggerDict if n.startswith("torch.distributed.elastic")] if silence else []
+def _agent_logs_quieted(silence: bool) -> Iterator[None]:
+    """The elastic agent's own log lines for the call: errors only (its "Received 2 death signal" and
+    "Closing process ..." warnings on Ctrl-C repeat what our one line says), none at all with `silence` (its
+    traceback of a failed rank, which `LaunchError` reports). torch sets a level on each of its
+    `torch.distributed.elastic.*` loggers, so each is raised."""
+    names = [n for n in logging.root.manager.loggerDict if n.startswith("torch.distributed.elastic")]
     saved = {name: logging.getLogger(name).level for name in names}
     for name in names:
-        logging.getLogger(name).setLevel(logging.CRITICAL)
+        logging.getLogger(name).setLevel(logging.CRITICAL if silence else logging.ERROR)
     try:
         yield
     finally:
@@ -145,11 +162,13 @@ def launch_ranks(nproc: int, entrypoint: Callable[..., Any] | str, args: Sequenc
 
     The one way hybridflow starts local ranks (`launch_local` for a plan, `hybridflow.convert` for its
     conversion ranks). `devices` is the workers' CUDA_VISIBLE_DEVICES ("" hides every GPU);
-    `start_method` defaults to forkserver without CUDA and spawn with it. `quiet`: the ranks' output goes only to
-    their log files and the agent prints nothing, so the caller alone reports (a CLI's one-line error).
-    Raises `LaunchError` naming the rank that failed first.
+    `start_method` defaults to forkserver without CUDA and spawn with it. Rank 0's output is shown here as it is
+    written (`RankConsole`); every rank's is in its log file. `quiet`: the ranks' output goes only to their log
+    files and the agent prints nothing, so the caller alone reports (a CLI's one-line error).
+    Raises `LaunchError` naming the rank that failed first, `LaunchInterrupted` when this process was
+    signalled (the ranks are stopped by then).
     """
-    logs = RankLogsSpecs(str(log_dir), tee=not quiet)
+    logs = RankLogsSpecs(str(log_dir))
     target, target_args = _entrypoint(entrypoint, args)
     if start_method is None:
         start_method = "spawn" if torch.cuda.is_available() else "forkserver"
@@ -157,8 +176,12 @@ def launch_ranks(nproc: int, entrypoint: Callable[..., Any] | str, args: Sequenc
         # Not plain fork: the agent's store thread resolves peer addresses (getnameinfo) while later ranks
         # are forked, and a child forked while it holds glibc's resolver lock hangs in its own store connect
         # (seen: 1 launch in 3 on the CI machine, whose DNS lookups time out). The fork server is
-        # single-threaded; it imports the entrypoint's module once, so ranks still start without re-importing.
-        multiprocessing.get_context("forkserver").set_forkserver_preload([target.__module__])
+        # single-threaded; it imports the entrypoint's module once, so ranks still start without re-importing
+        # (`fork_server` first: the known warnings of those imports are not printed raw there).
+        multiprocessing.get_context("forkserver").set_forkserver_preload(["hybridflow.launch.fork_server",
+                                                                          target.__module__])
+    if callable(target):  # ranks end when this process dies, even by SIGKILL (hybridflow/launch/lifeline.py)
+        target, target_args = run_with_launcher, [os.getpid(), target, *target_args]
     options = dict(
         min_nodes=1, max_nodes=1, nproc_per_node=nproc,
         run_id=run_id or f"hybridflow-{uuid.uuid4().hex[:8]}",
@@ -169,9 +192,17 @@ def launch_ranks(nproc: int, entrypoint: Callable[..., Any] | str, args: Sequenc
     if "shutdown_timeout" in {f.name for f in dataclasses.fields(LaunchConfig)}:  # newer torch only
         options["shutdown_timeout"] = stop_grace_s
     config = LaunchConfig(**options)
-    with _environ({"CUDA_VISIBLE_DEVICES": devices}), _agent_logs_silenced(quiet):
+    env = {"CUDA_VISIBLE_DEVICES": devices, LAUNCHER_PID_VARIABLE: str(os.getpid())}
+
+    def rank0_files() -> tuple[str, str] | None:
+        return (logs.stdout_of_rank[0], logs.stderr_of_rank[0]) if 0 in logs.stdout_of_rank else None
+
+    console = contextlib.nullcontext() if quiet else RankConsole(rank0_files)
+    with _environ(env), _agent_logs_quieted(quiet), console:
         try:
             return elastic_launch(config, target)(*target_args)
         except ChildFailedError as err:
             raise LaunchError(describe_failure(err, logs.stderr_of_rank),
                               first_error=first_error(err, logs.stderr_of_rank)) from None
+        except SignalException as err:
+            raise LaunchInterrupted(int(err.sigval)) from None

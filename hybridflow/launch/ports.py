@@ -6,12 +6,16 @@ import socket
 
 
 def port_is_free(port: int, host: str = "") -> bool:
-    """True when a listening socket can bind `host:port` now ("" = all interfaces, as TCPStore binds)."""
+    """True when the rendezvous store could bind and listen on `host:port` now ("" = all interfaces).
+
+    Checked the way the store binds: TCPStore sets SO_REUSEADDR, so sockets of a run that just ended,
+    left in TIME_WAIT, do not stop it and must not stop us; a socket still listening (or bound) does.
+    """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        # No SO_REUSEADDR: a port in TIME_WAIT would be reported free but still refuse the store's bind
-        # on some kernels; erring towards "busy" only costs the user a different port number.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
+            sock.listen()
         except OSError:
             return False
     return True

@@ -12,6 +12,7 @@ import torch.distributed as dist
 
 from hybridflow.errors import UserError
 from hybridflow.launch.environment import LauncherEnv, worker_env
+from hybridflow.launch.lifeline import stay_with_launcher
 
 if TYPE_CHECKING:
     from hybridflow.config import DistributedConfig
@@ -35,8 +36,10 @@ def init_distributed(dist_cfg: DistributedConfig, launcher: LauncherEnv | None =
 
     Every collective on the default group (and on groups created later without their own timeout) fails
     after `dist_cfg.timeout_s` instead of hanging: that is what makes all ranks stop when a peer on another
-    node dies (on one node the elastic agent already kills the survivors). Idempotent.
+    node dies (on one node the elastic agent already kills the survivors). A rank of a local launch also ends
+    when the launcher dies (`lifeline`; a callable rank follows it from its first line already). Idempotent.
     """
+    stay_with_launcher()
     launcher = launcher or worker_env(default_port=dist_cfg.master_port)
     backend = resolve_backend(dist_cfg.backend)
     launcher_rank = os.environ.get("RANK")

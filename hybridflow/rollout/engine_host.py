@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from hybridflow.launch.lifeline import die_with_parent, watch
 from hybridflow.launch.ports import free_port
 from hybridflow.placement import RoleMesh
 from hybridflow.rollout.base import RolloutBatch, RolloutEngine, SamplingParams
@@ -195,6 +196,8 @@ def serve(conn: Any, env: dict[str, str], device_type: str, build: EngineBuilder
     """The engine process: join the engine world, build the engine, answer calls until `close` or EOF."""
     from datetime import timedelta
 
+    die_with_parent()  # the training rank started us from its main thread: end with it, even on SIGKILL
+    watch(os.getppid())
     os.environ.clear()
     os.environ.update(env)
     try:

@@ -4,7 +4,8 @@ Any placement checkpoints: each trained role's state is written by the role's ow
 by its first rank), so global rank 0 need not hold the actor or the critic.
 
 A checkpoint is written to `step_N.partial/` and renamed to `step_N/` only after every rank finished, so
-a run killed mid-write leaves a `.partial` directory that `resume=auto` never picks.
+a run killed mid-write leaves a `.partial` directory that `resume=auto` never picks. Rank 0 adds the run's
+fingerprint (`hybridflow.trainer.resume`), checked before a later run resumes from it.
 """
 
 from __future__ import annotations
@@ -20,17 +21,8 @@ from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 
 from hybridflow.config.parallel import TRAINED_ROLES
 from hybridflow.roles.model_role import ModelRole
+from hybridflow.trainer.resume import step_dir, write_fingerprint
 from megatron_adapters.checkpoint import load_models, save_models
-
-
-def step_dir(root: Path, step: int) -> Path:
-    return root / f"step_{step:06d}"
-
-
-def latest_complete(root: Path) -> Path | None:
-    """The newest fully written checkpoint under `root` (partial ones never count)."""
-    done = sorted(p for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(".partial"))
-    return done[-1] if done else None
 
 
 def _rng_state() -> dict:
@@ -48,8 +40,10 @@ def _set_rng_state(state: dict) -> None:
     get_cuda_rng_tracker().set_states(state["tracker"])
 
 
-def save(root: Path, step: int, roles: dict[str, ModelRole], rank_state: dict) -> Path:
-    """Collective: write step `step` (trained roles + this rank's RNG/loader/controller state)."""
+def save(root: Path, step: int, roles: dict[str, ModelRole], rank_state: dict, fingerprint: dict) -> Path:
+    """Collective: write step `step` (trained roles + this rank's RNG/loader/controller state).
+
+    A complete checkpoint of the same step is replaced (a run started over with `trainer.resume=never`)."""
     final, partial = step_dir(root, step), step_dir(root, step).with_name(step_dir(root, step).name + ".partial")
     if dist.get_rank() == 0:
         shutil.rmtree(partial, ignore_errors=True)
@@ -62,6 +56,8 @@ def save(root: Path, step: int, roles: dict[str, ModelRole], rank_state: dict) -
                partial / f"rank{dist.get_rank():05d}.pt")
     dist.barrier()
     if dist.get_rank() == 0:
+        write_fingerprint(partial, step, fingerprint)
+        shutil.rmtree(final, ignore_errors=True)
         partial.rename(final)
     dist.barrier()
     return final

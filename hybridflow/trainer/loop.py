@@ -16,6 +16,7 @@ from hybridflow.roles.model_role import copy_weights
 from hybridflow.trainer import checkpointing
 from hybridflow.trainer.build import build_run
 from hybridflow.trainer.metrics import MetricsLog
+from hybridflow.trainer.resume import fingerprint, resume_point
 from hybridflow.trainer.samples import sample_records
 from hybridflow.trainer.validation import Validator
 
@@ -71,8 +72,7 @@ def train(cfg: ExperimentConfig, plan: Plan) -> dict[str, float]:
                                overlong_prompts=cfg.data.overlong_prompts)
     loader = loader_with_seed(seed=seed)
     ckpt_root = work_dir / "checkpoints"
-    resume_from = {"auto": checkpointing.latest_complete(ckpt_root), "never": None}.get(
-        cfg.trainer.resume, Path(cfg.trainer.resume))
+    resume_from = resume_point(cfg)  # the launching process checked it matches this run
     start = 0
     sft_dir = work_dir / "sft_model"
     if resume_from is not None:
@@ -105,10 +105,10 @@ def train(cfg: ExperimentConfig, plan: Plan) -> dict[str, float]:
             log.log(step + 1, validator.run(trainer), phase="val")
             log_samples(validator.first_batch, step + 1, "val")
         every = cfg.trainer.save_every
-        if every and ((step + 1) % every == 0 or step + 1 == cfg.trainer.total_steps):
+        if (every and (step + 1) % every == 0) or step + 1 == cfg.trainer.total_steps:  # and always the last
             checkpointing.save(ckpt_root, step + 1, trainer.roles, {
                 "step": step + 1, "loader": loader.state_dict(), "kl": trainer.kl_ctl.state_dict(),
-                "rollout_step": trainer.rollout.step, "ready": trainer.ready})
+                "rollout_step": trainer.rollout.step, "ready": trainer.ready}, fingerprint(cfg, plan))
     if "actor" in trainer.roles:
         trainer.roles["actor"].save_hf(work_dir / "final_hf", built.hf_dir)
     log.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+import transformers
 
 from hybridflow.config import load_experiment
 from hybridflow.launch import init_distributed
@@ -20,6 +21,9 @@ def rank_main(experiment: str | None, overrides: list[str]) -> dict[str, float]:
     # First, so that nothing this rank warns lands in its parent's file (a forked rank inherits its state):
     # megatron/torch repeats once, as one line, on rank 0; full text in this rank's logs/warnings_rank<R>.txt.
     quiet_known_noise(log_dir=Path(cfg.trainer.output_dir) / "logs")
+    # The run's one progress bar is its RL steps: transformers' bars (writing the built-in task's random
+    # checkpoint, the final HF export) would stack up above it.
+    transformers.utils.logging.disable_progress_bar()
     plan = plan_placement(cfg)
     init_distributed(cfg.distributed)
     if enable_cpu_backend():

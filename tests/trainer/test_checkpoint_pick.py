@@ -1,4 +1,4 @@
-from hybridflow.trainer.checkpointing import latest_complete, step_dir
+from hybridflow.trainer.resume import latest_complete, step_dir
 
 
 def test_latest_complete_skips_partial_checkpoints(tmp_path):

@@ -1,0 +1,113 @@
+"""Resuming is decided on the launching process before any rank starts: a checkpoint of another run is refused
+in one line naming what differs, a finished run says so instead of training again (no ranks are launched here:
+both answers come before the launch)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hybridflow.config import load_experiment
+from hybridflow.errors import UserError
+from hybridflow.placement import plan_placement
+from hybridflow.run import main
+from hybridflow.trainer.resume import (
+    FINGERPRINT_FILE,
+    check_resumable,
+    checkpoint_step,
+    fingerprint,
+    resume_point,
+    set_aside_previous,
+    step_dir,
+    write_fingerprint,
+)
+
+
+def _checkpoint_of(tmp_path, experiment: str, step: int, *overrides: str):
+    """A checkpoint directory as the run would leave it (the fingerprint is what the check reads)."""
+    cfg = load_experiment(experiment, [f"trainer.output_dir={tmp_path}", *overrides])
+    ckpt = step_dir(tmp_path / "checkpoints", step)
+    ckpt.mkdir(parents=True)
+    (ckpt / "metadata.json").write_text("{}")
+    write_fingerprint(ckpt, step, fingerprint(cfg, plan_placement(cfg)))
+    return ckpt
+
+
+def test_grpo_run_refuses_a_ppo_checkpoint_naming_the_fields(tmp_path):
+    ckpt = _checkpoint_of(tmp_path, "tiny_cpu", 10)
+    cfg = load_experiment("grpo_tiny_cpu", [f"trainer.output_dir={tmp_path}"])
+    assert resume_point(cfg) == ckpt
+    with pytest.raises(UserError) as err:
+        check_resumable(ckpt, cfg, plan_placement(cfg))
+    message = str(err.value)
+    assert message.startswith(f"trainer.resume: checkpoint {ckpt} is of another run")
+    assert "algorithm.name ppo -> grpo" in message
+    assert "roles (enabled) actor,critic,ref,rollout -> actor,ref,rollout" in message
+    assert "roles.critic.parallel tp1 pp1 dp4 on ranks [0, 1, 2, 3] -> None" in message
+    assert "trainer.output_dir" in message and "trainer.resume=never" in message and "\n" not in message
+
+
+def test_a_changed_mesh_or_model_is_named_and_allowed_changes_pass(tmp_path):
+    ckpt = _checkpoint_of(tmp_path, "tiny_cpu", 4)
+    for allowed in (["trainer.lr=3e-6", "trainer.total_steps=99", "trainer.save_every=7", "trainer.val_every=2"],):
+        cfg = load_experiment("tiny_cpu", [f"trainer.output_dir={tmp_path}", *allowed])
+        check_resumable(ckpt, cfg, plan_placement(cfg))
+    cfg = load_experiment("tiny_cpu", [f"trainer.output_dir={tmp_path}", "roles.critic.parallel.tp=2",
+                                       "model.num_hidden_layers=2"])
+    with pytest.raises(UserError, match=r"model.num_hidden_layers 4 -> 2; roles.critic.parallel tp1 pp1 dp4 "
+                                        r"on ranks \[0, 1, 2, 3\] -> tp2 pp1 dp2"):
+        check_resumable(ckpt, cfg, plan_placement(cfg))
+
+
+def test_checkpoints_without_a_fingerprint_still_resume(tmp_path):
+    ckpt = _checkpoint_of(tmp_path, "tiny_cpu", 6)
+    (ckpt / FINGERPRINT_FILE).unlink()
+    cfg = load_experiment("grpo_tiny_cpu", [f"trainer.output_dir={tmp_path}"])
+    check_resumable(ckpt, cfg, plan_placement(cfg))  # nothing to compare with: megatron's own checks remain
+    assert checkpoint_step(ckpt) == 6
+
+
+def test_run_command_refuses_in_one_line_before_launching(tmp_path, capsys):
+    _checkpoint_of(tmp_path, "tiny_cpu", 10)
+    with pytest.raises(SystemExit) as exit_:
+        main(["+experiment=grpo_tiny_cpu", f"trainer.output_dir={tmp_path}"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: trainer.resume: checkpoint ")
+    assert not (tmp_path / "logs").exists()  # no rank was started
+
+
+def test_finished_run_says_where_it_stands_instead_of_training_again(tmp_path, capsys):
+    ckpt = _checkpoint_of(tmp_path, "tiny_cpu", 10, "trainer.total_steps=10")
+    main(["+experiment=tiny_cpu", f"trainer.output_dir={tmp_path}", "trainer.total_steps=10"])  # returns: exit 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out == [f"hybridflow run: tiny_cpu is complete at step 10 (checkpoint {ckpt}); outputs in {tmp_path} "
+                   "(metrics.jsonl, final_hf/); to train on, raise trainer.total_steps (e.g. trainer.total_steps=20)"]
+    assert not (tmp_path / "logs").exists()
+
+
+def test_resume_never_sets_the_previous_run_aside(tmp_path):
+    ckpt = _checkpoint_of(tmp_path, "tiny_cpu", 10)
+    (tmp_path / "metrics.jsonl").write_text('{"step": 10, "phase": "rl"}\n')
+    cfg = load_experiment("grpo_tiny_cpu", [f"trainer.output_dir={tmp_path}", "trainer.resume=never"])
+    assert resume_point(cfg) is None
+    previous = set_aside_previous(cfg)
+    assert previous is not None and previous.parent == tmp_path / "previous"
+    assert (previous / "checkpoints" / ckpt.name / FINGERPRINT_FILE).is_file()  # moved, not deleted
+    assert (previous / "metrics.jsonl").is_file() and not (tmp_path / "metrics.jsonl").exists()
+    auto = load_experiment("grpo_tiny_cpu", [f"trainer.output_dir={tmp_path}"])
+    assert resume_point(auto) is None  # a later auto resume cannot pick the PPO run's checkpoint
+    assert set_aside_previous(cfg) is None  # nothing left to move
+
+
+def test_explicit_resume_path_must_be_a_checkpoint(tmp_path):
+    cfg = load_experiment("tiny_cpu", [f"trainer.output_dir={tmp_path}", f"trainer.resume={tmp_path}/nope"])
+    with pytest.raises(UserError, match="trainer.resume: .* is not a checkpoint directory"):
+        resume_point(cfg)
+
+
+def test_fingerprint_file_records_the_step(tmp_path):
+    ckpt = _checkpoint_of(tmp_path, "tiny_cpu", 3)
+    record = json.loads((ckpt / FINGERPRINT_FILE).read_text())
+    assert record["step"] == 3 and record["fingerprint"]["algorithm.name"] == "ppo"
