@@ -76,8 +76,13 @@ def convert_gguf_to_hf(gguf_file: str | os.PathLike, out: str | os.PathLike, dty
     check_out_dir(out)
     with staged_dir(out) as tmp:
         source = dict(pretrained_model_name_or_path=str(gguf_file.parent), gguf_file=gguf_file.name)
-        model = transformers.AutoModelForCausalLM.from_pretrained(
-            **source, dtype=torch.float32 if dtype == "fp32" else torch.bfloat16)
+        model, loading = transformers.AutoModelForCausalLM.from_pretrained(
+            **source, dtype=torch.float32 if dtype == "fp32" else torch.bfloat16, output_loading_info=True)
+        # transformers fills weights a file lacks with a random init and only warns: refuse that.
+        if loading["missing_keys"]:
+            missing = sorted(loading["missing_keys"])
+            raise ValueError(f"--gguf: {gguf_file.name} lacks {len(missing)} of the model's weights (e.g. "
+                             f"{missing[0]}); point it at a complete {architecture} GGUF")
         # The weights are float now: without the marker the config describes what the files hold.
         del model.config.quantization_config
         model.hf_quantizer = None

@@ -3,10 +3,12 @@
 Each example is a row {"prompt", "answer"}: the prompt is what the policy sees, the answer is the reference
 the reward compares the response with, and prompt + answer (+ eos) is the supervised warm-up target.
 Example i depends only on (seed, i), so any process regenerates the same dataset without files.
+A prompt is a string, or chat messages (`WordProblems`) that the loader renders with the tokenizer's template.
 """
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass
 
@@ -53,8 +55,51 @@ class MaxDigit:
         return {"prompt": "".join(digits) + ">", "answer": max(digits)}
 
 
-BuiltinTask = SortDigits | AddNumbers | MaxDigit
-BUILTIN_TASKS: dict[str, BuiltinTask] = {"sort_digits": SortDigits(), "add": AddNumbers(), "max_digit": MaxDigit()}
+WORD_PROBLEM_SYSTEM = ("You are a careful math tutor. Solve the problem in one or two short steps, then write "
+                       "the final answer on its own line as '#### <number>'.")
+_NAMES = ("Ava", "Ben", "Chloe", "Dan", "Emma", "Finn", "Grace", "Hugo", "Iris", "Jack", "Lily", "Maya", "Noah", "Omar")
+_ITEMS = ("apples", "books", "marbles", "stickers", "pencils", "cookies", "shells", "cards", "coins", "stamps")
+
+
+@dataclass(frozen=True)
+class WordProblems:
+    """GSM8K-style word problems of one or two operations on small numbers, as chat messages (a system turn
+    asking for `#### <number>`, the problem as the user turn); the answer is a one-line worked solution
+    ending in `#### n`, the form `hybridflow.rewards.gsm8k` scores. Every answer is a non-negative integer."""
+
+    max_value: int = 20
+
+    def example(self, rng: random.Random) -> dict:
+        name, item = rng.choice(_NAMES), rng.choice(_ITEMS)
+        n = lambda lo=2: rng.randint(lo, self.max_value)  # noqa: E731
+        a, b, c = n(), n(), rng.randint(2, 9)
+        kinds = {  # (question, worked expression, its value)
+            "add": (f"{name} has {a} {item} and gets {b} more. How many {item} does {name} have now?",
+                    f"{a} + {b}", a + b),
+            "sub": (f"{name} has {a + b} {item} and gives {b} away. How many {item} are left?",
+                    f"{a + b} - {b}", a),
+            "mul": (f"{name} buys {c} boxes with {b} {item} in each box. How many {item} is that?",
+                    f"{c} * {b}", c * b),
+            "div": (f"{name} shares {b * c} {item} equally among {c} friends. How many {item} does each friend "
+                    "get?", f"{b * c} / {c}", b),
+            "add_sub": (f"{name} has {a + c} {item}, finds {b} more, then loses {c}. How many {item} does {name} "
+                        "have now?", f"{a + c} + {b} - {c}", a + b),
+            "add_mul": (f"{name} has {a} {item} and buys {c} packs of {b} {item}. How many {item} does {name} "
+                        "have now?", f"{a} + {c} * {b}", a + c * b),
+        }
+        question, expression, value = kinds[rng.choice(sorted(kinds))]
+        return {"prompt": [{"role": "system", "content": WORD_PROBLEM_SYSTEM}, {"role": "user", "content": question}],
+                "answer": f"{expression} = {value}\n#### {value}"}
+
+
+BuiltinTask = SortDigits | AddNumbers | MaxDigit | WordProblems
+BUILTIN_TASKS: dict[str, BuiltinTask] = {"sort_digits": SortDigits(), "add": AddNumbers(), "max_digit": MaxDigit(),
+                                         "gsm8k_easy": WordProblems()}
+
+
+def _prompt_key(prompt: str | list[dict[str, str]]) -> str:
+    """A hashable form of a prompt (text, or chat messages) for the train / held-out disjointness check."""
+    return prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True)
 
 
 def is_builtin(source: str) -> bool:
@@ -80,13 +125,13 @@ def task_rows(task: BuiltinTask, num_examples: int, seed: int) -> list[dict[str,
 def held_out_rows(task: BuiltinTask, num_examples: int, seed: int, num_train: int) -> list[dict[str, str]]:
     """`num_examples` rows whose prompts are not among the first `num_train` (the training set), drawn from
     indices past `num_train` so they are as deterministic as the training rows."""
-    train = {row["prompt"] for row in task_rows(task, num_train, seed)}
+    train = {_prompt_key(row["prompt"]) for row in task_rows(task, num_train, seed)}
     rows, i = [], num_train
     # A task with few distinct prompts could be exhausted; stop well past any sensible search.
     while len(rows) < num_examples and i < num_train + 100 * num_examples:
         row = task.example(random.Random(f"{seed}:{i}"))
-        if row["prompt"] not in train:
-            train.add(row["prompt"])  # no repeats inside the validation set either
+        if _prompt_key(row["prompt"]) not in train:
+            train.add(_prompt_key(row["prompt"]))  # no repeats inside the validation set either
             rows.append(row)
         i += 1
     if len(rows) < num_examples:
