@@ -55,8 +55,13 @@ class MaxDigit:
         return {"prompt": "".join(digits) + ">", "answer": max(digits)}
 
 
-WORD_PROBLEM_SYSTEM = ("You are a careful math tutor. Solve the problem in one or two short steps, then write "
-                       "the final answer on its own line as '#### <number>'.")
+WORD_PROBLEM_SYSTEM = ("Solve the math word problem. Finish with the final answer on its own line as '#### <number>', "
+                       "for example '#### 42'.")
+# One solved example before the question: SmolLM2-135M-Instruct then answers in the `#### n` form on 16 of 16
+# held-out prompts, greedy (with the instruction alone 13 of 16, and 0 of 64 without it), so RL starts from a
+# reward it can improve rather than from none.
+WORD_PROBLEM_EXAMPLE = ({"role": "user", "content": "Tom has 3 pens and gets 4 more. How many pens does Tom have now?"},
+                        {"role": "assistant", "content": "3 + 4 = 7\n#### 7"})
 _NAMES = ("Ava", "Ben", "Chloe", "Dan", "Emma", "Finn", "Grace", "Hugo", "Iris", "Jack", "Lily", "Maya", "Noah", "Omar")
 _ITEMS = ("apples", "books", "marbles", "stickers", "pencils", "cookies", "shells", "cards", "coins", "stamps")
 
@@ -64,15 +69,15 @@ _ITEMS = ("apples", "books", "marbles", "stickers", "pencils", "cookies", "shell
 @dataclass(frozen=True)
 class WordProblems:
     """GSM8K-style word problems of one or two operations on small numbers, as chat messages (a system turn
-    asking for `#### <number>`, the problem as the user turn); the answer is a one-line worked solution
-    ending in `#### n`, the form `hybridflow.rewards.gsm8k` scores. Every answer is a non-negative integer."""
+    asking for `#### <number>`, one solved example exchange, the problem as the last user turn). The answer is
+    a one-line worked solution ending in `#### n`, the form `hybridflow.rewards.gsm8k` scores; every answer is
+    a non-negative integer."""
 
     max_value: int = 20
 
     def example(self, rng: random.Random) -> dict:
         name, item = rng.choice(_NAMES), rng.choice(_ITEMS)
-        n = lambda lo=2: rng.randint(lo, self.max_value)  # noqa: E731
-        a, b, c = n(), n(), rng.randint(2, 9)
+        a, b, c = rng.randint(2, self.max_value), rng.randint(2, self.max_value), rng.randint(2, 9)
         kinds = {  # (question, worked expression, its value)
             "add": (f"{name} has {a} {item} and gets {b} more. How many {item} does {name} have now?",
                     f"{a} + {b}", a + b),
@@ -88,7 +93,9 @@ class WordProblems:
                         "have now?", f"{a} + {c} * {b}", a + c * b),
         }
         question, expression, value = kinds[rng.choice(sorted(kinds))]
-        return {"prompt": [{"role": "system", "content": WORD_PROBLEM_SYSTEM}, {"role": "user", "content": question}],
+        prompt = [{"role": "system", "content": WORD_PROBLEM_SYSTEM}, *WORD_PROBLEM_EXAMPLE,
+                  {"role": "user", "content": question}]
+        return {"prompt": prompt,
                 "answer": f"{expression} = {value}\n#### {value}"}
 
 

@@ -38,15 +38,16 @@ def test_word_problems_are_chat_with_checkable_gsm8k_answers():
     import ast
     import re
 
-    from hybridflow.data.tasks import WORD_PROBLEM_SYSTEM, held_out_rows
+    from hybridflow.data.tasks import WORD_PROBLEM_EXAMPLE, WORD_PROBLEM_SYSTEM, held_out_rows
     from hybridflow.rewards.gsm8k import extract_final_answer, gsm8k_score
 
     task = builtin_task("builtin:gsm8k_easy")
     rows = task_rows(task, 300, seed=2)
     assert rows == task_rows(task, 300, seed=2) and rows != task_rows(task, 300, seed=3)
     for row in rows:
-        system, user = row["prompt"]
+        system, *example, user = row["prompt"]
         assert system == {"role": "system", "content": WORD_PROBLEM_SYSTEM} and "####" in system["content"]
+        assert tuple(example) == WORD_PROBLEM_EXAMPLE and example[1]["content"].endswith("#### 7")
         assert user["role"] == "user" and user["content"].endswith("?")
         work, final = row["answer"].split("\n")
         expression, value = work.split(" = ")
