@@ -1,6 +1,7 @@
 """SmolLM2's layout in small: a Llama with 9 query heads over 3 KV groups and tied embeddings. Megatron
-logits equal HF transformers' (fp32, <= 1e-4) at TP1 and TP3 (the TP sizes 3 KV heads allow), and an HF
-export of the TP3 model gives back the HF tensors (no separate lm_head written for the tied head)."""
+logits equal HF transformers' (fp32, <= 1e-4) at TP1 and TP3 (the TP sizes 3 KV heads allow); the bridge
+reshards the TP1 actor into exactly the TP3 model's tensors; an HF export of the TP3 model gives back the HF
+tensors (no separate lm_head written for the tied head)."""
 
 import torch
 import torch.distributed as dist
@@ -15,19 +16,32 @@ SMOLLM2_SMALL = dict(hidden_size=72, intermediate_size=96, num_hidden_layers=2, 
 
 
 def _rank(path, ids, out_dir):
+    from megatron_adapters.bridge import (
+        GenerationLayout,
+        TargetFormat,
+        TrainingLayout,
+        WeightBridge,
+        build_reshard_plan,
+        training_shards,
+    )
     from megatron_adapters.hf_safetensors import load_hf_weights, save_hf_weights
-    from megatron_adapters.model import build_gpt, load_hf_config
+    from megatron_adapters.model import build_gpt, load_hf_config, model_shape
     from megatron_adapters.process_groups import build_role_groups
 
-    report = {}
+    report, models, ranks = {}, {}, tuple(range(3))
     for tp in (1, 3):
-        pg = build_role_groups(list(range(3)), tp=tp, pp=1, dp=3 // tp)
-        model = build_gpt(path, pg, spec="sdpa")
+        pg = build_role_groups(list(ranks), tp=tp, pp=1, dp=3 // tp)
+        models[tp] = model = build_gpt(path, pg, spec="sdpa")
         load_hf_weights(model, path)
         logits = pipeline_forward(model, ids)
         report[tp] = logits[..., :SMOLLM2_SMALL["vocab_size"]]
-        if tp == 3:
-            save_hf_weights(model, out_dir, load_hf_config(path))
+    save_hf_weights(models[3], out_dir, load_hf_config(path))
+    # The actor at TP1 x DP3 -> the native rollout layout at TP3 (what a TP3 rollout under a TP1 actor gets).
+    plan = build_reshard_plan(TrainingLayout(ranks, 1, 1, 3), GenerationLayout(ranks, 3))
+    bridge = WeightBridge(plan, model_shape(path), TargetFormat.MEGATRON, dtype=torch.float32)
+    bridged, _ = bridge.reshard(training_shards(models[1]))
+    own = training_shards(models[3])
+    report["bridge"] = (sorted(bridged) == sorted(own), all(torch.equal(bridged[n], own[n]) for n in own))
     dist.barrier()
     return report
 
@@ -38,6 +52,7 @@ def test_tied_gqa_9_over_3_matches_hf_at_tp1_and_tp3(tmp_path):
     reference = hf_logits(model, ids)
     reports = run_distributed(_rank, 3, args=(str(tmp_path / "hf"), ids, str(tmp_path / "export")))
     for report in reports:
+        assert report.pop("bridge") == (True, True)
         for tp, logits in report.items():
             diff = (logits - reference).abs().max().item()
             assert diff <= 1e-4, f"tp{tp}: max abs diff {diff}"
