@@ -57,9 +57,9 @@ class MaxDigit:
 
 WORD_PROBLEM_SYSTEM = ("Solve the math word problem. Finish with the final answer on its own line as '#### <number>', "
                        "for example '#### 42'.")
-# One solved example before the question: SmolLM2-135M-Instruct then answers in the `#### n` form on 16 of 16
-# held-out prompts, greedy (with the instruction alone 13 of 16, and 0 of 64 without it), so RL starts from a
-# reward it can improve rather than from none.
+# One solved example before the question: SmolLM2-135M-Instruct then answers greedily in the `#### n` form on
+# 64 of 64 held-out prompts (with the instruction alone on 13 of 16; with neither on 0 of 64), so RL starts from
+# a reward it can improve rather than from none.
 WORD_PROBLEM_EXAMPLE = ({"role": "user", "content": "Tom has 3 pens and gets 4 more. How many pens does Tom have now?"},
                         {"role": "assistant", "content": "3 + 4 = 7\n#### 7"})
 _NAMES = ("Ava", "Ben", "Chloe", "Dan", "Emma", "Finn", "Grace", "Hugo", "Iris", "Jack", "Lily", "Maya", "Noah", "Omar")
