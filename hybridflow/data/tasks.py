@@ -3,10 +3,12 @@
 Each example is a row {"prompt", "answer"}: the prompt is what the policy sees, the answer is the reference
 the reward compares the response with, and prompt + answer (+ eos) is the supervised warm-up target.
 Example i depends only on (seed, i), so any process regenerates the same dataset without files.
+A prompt is a string, or chat messages (`WordProblems`) that the loader renders with the tokenizer's template.
 """
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass
 
@@ -53,8 +55,58 @@ class MaxDigit:
         return {"prompt": "".join(digits) + ">", "answer": max(digits)}
 
 
-BuiltinTask = SortDigits | AddNumbers | MaxDigit
-BUILTIN_TASKS: dict[str, BuiltinTask] = {"sort_digits": SortDigits(), "add": AddNumbers(), "max_digit": MaxDigit()}
+WORD_PROBLEM_SYSTEM = ("Solve the math word problem. Finish with the final answer on its own line as '#### <number>', "
+                       "for example '#### 42'.")
+# One solved example before the question: SmolLM2-135M-Instruct then answers greedily in the `#### n` form on
+# 64 of 64 held-out prompts (with the instruction alone on 13 of 16; with neither on 0 of 64), so RL starts from
+# a reward it can improve rather than from none.
+WORD_PROBLEM_EXAMPLE = ({"role": "user", "content": "Tom has 3 pens and gets 4 more. How many pens does Tom have now?"},
+                        {"role": "assistant", "content": "3 + 4 = 7\n#### 7"})
+_NAMES = ("Ava", "Ben", "Chloe", "Dan", "Emma", "Finn", "Grace", "Hugo", "Iris", "Jack", "Lily", "Maya", "Noah", "Omar")
+_ITEMS = ("apples", "books", "marbles", "stickers", "pencils", "cookies", "shells", "cards", "coins", "stamps")
+
+
+@dataclass(frozen=True)
+class WordProblems:
+    """GSM8K-style word problems of one or two operations on small numbers, as chat messages (a system turn
+    asking for `#### <number>`, one solved example exchange, the problem as the last user turn). The answer is
+    a one-line worked solution ending in `#### n`, the form `hybridflow.rewards.gsm8k` scores; every answer is
+    a non-negative integer."""
+
+    max_value: int = 20
+
+    def example(self, rng: random.Random) -> dict:
+        name, item = rng.choice(_NAMES), rng.choice(_ITEMS)
+        a, b, c = rng.randint(2, self.max_value), rng.randint(2, self.max_value), rng.randint(2, 9)
+        kinds = {  # (question, worked expression, its value)
+            "add": (f"{name} has {a} {item} and gets {b} more. How many {item} does {name} have now?",
+                    f"{a} + {b}", a + b),
+            "sub": (f"{name} has {a + b} {item} and gives {b} away. How many {item} are left?",
+                    f"{a + b} - {b}", a),
+            "mul": (f"{name} buys {c} boxes with {b} {item} in each box. How many {item} is that?",
+                    f"{c} * {b}", c * b),
+            "div": (f"{name} shares {b * c} {item} equally among {c} friends. How many {item} does each friend "
+                    "get?", f"{b * c} / {c}", b),
+            "add_sub": (f"{name} has {a + c} {item}, finds {b} more, then loses {c}. How many {item} does {name} "
+                        "have now?", f"{a + c} + {b} - {c}", a + b),
+            "add_mul": (f"{name} has {a} {item} and buys {c} packs of {b} {item}. How many {item} does {name} "
+                        "have now?", f"{a} + {c} * {b}", a + c * b),
+        }
+        question, expression, value = kinds[rng.choice(sorted(kinds))]
+        prompt = [{"role": "system", "content": WORD_PROBLEM_SYSTEM}, *WORD_PROBLEM_EXAMPLE,
+                  {"role": "user", "content": question}]
+        return {"prompt": prompt,
+                "answer": f"{expression} = {value}\n#### {value}"}
+
+
+BuiltinTask = SortDigits | AddNumbers | MaxDigit | WordProblems
+BUILTIN_TASKS: dict[str, BuiltinTask] = {"sort_digits": SortDigits(), "add": AddNumbers(), "max_digit": MaxDigit(),
+                                         "gsm8k_easy": WordProblems()}
+
+
+def _prompt_key(prompt: str | list[dict[str, str]]) -> str:
+    """A hashable form of a prompt (text, or chat messages) for the train / held-out disjointness check."""
+    return prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True)
 
 
 def is_builtin(source: str) -> bool:
@@ -80,13 +132,13 @@ def task_rows(task: BuiltinTask, num_examples: int, seed: int) -> list[dict[str,
 def held_out_rows(task: BuiltinTask, num_examples: int, seed: int, num_train: int) -> list[dict[str, str]]:
     """`num_examples` rows whose prompts are not among the first `num_train` (the training set), drawn from
     indices past `num_train` so they are as deterministic as the training rows."""
-    train = {row["prompt"] for row in task_rows(task, num_train, seed)}
+    train = {_prompt_key(row["prompt"]) for row in task_rows(task, num_train, seed)}
     rows, i = [], num_train
     # A task with few distinct prompts could be exhausted; stop well past any sensible search.
     while len(rows) < num_examples and i < num_train + 100 * num_examples:
         row = task.example(random.Random(f"{seed}:{i}"))
-        if row["prompt"] not in train:
-            train.add(row["prompt"])  # no repeats inside the validation set either
+        if _prompt_key(row["prompt"]) not in train:
+            train.add(_prompt_key(row["prompt"]))  # no repeats inside the validation set either
             rows.append(row)
         i += 1
     if len(rows) < num_examples:

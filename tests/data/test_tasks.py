@@ -1,3 +1,5 @@
+import json
+
 import pytest
 
 from hybridflow.data import AddNumbers, SortDigits, builtin_task, load_prompt_dataset, task_rows
@@ -30,3 +32,35 @@ def test_builtin_dataset_and_unknown_task():
     assert len(ds) == 10 and ds.prompt(0) == ds.rows[0]["prompt"]
     with pytest.raises(UserError, match="builtin:sort_digits"):
         builtin_task("builtin:chess")
+
+
+def test_word_problems_are_chat_with_checkable_gsm8k_answers():
+    import ast
+    import re
+
+    from hybridflow.data.tasks import WORD_PROBLEM_EXAMPLE, WORD_PROBLEM_SYSTEM, held_out_rows
+    from hybridflow.rewards.gsm8k import extract_final_answer, gsm8k_score
+
+    task = builtin_task("builtin:gsm8k_easy")
+    rows = task_rows(task, 300, seed=2)
+    assert rows == task_rows(task, 300, seed=2) and rows != task_rows(task, 300, seed=3)
+    for row in rows:
+        system, *example, user = row["prompt"]
+        assert system == {"role": "system", "content": WORD_PROBLEM_SYSTEM} and "####" in system["content"]
+        assert tuple(example) == WORD_PROBLEM_EXAMPLE and example[1]["content"].endswith("#### 7")
+        assert user["role"] == "user" and user["content"].endswith("?")
+        work, final = row["answer"].split("\n")
+        expression, value = work.split(" = ")
+        # Independent check: Python's own arithmetic on the worked expression (`/` is exact by construction).
+        tree = ast.parse(expression.replace("/", "//"), mode="eval")
+        assert all(isinstance(n, (ast.Expression, ast.BinOp, ast.Constant, ast.operator)) for n in ast.walk(tree))
+        assert eval(compile(tree, "<expr>", "eval")) == int(value) >= 0  # noqa: S307 - checked AST of + - * //
+        assert final == f"#### {value}" and extract_final_answer(row["answer"]) == value
+        # Every number of the worked solution is in the question, and at most two operations are needed.
+        assert set(re.findall(r"\d+", expression)) <= set(re.findall(r"\d+", user["content"]))
+        assert 1 <= sum(expression.count(op) for op in "+-*/") <= 2
+        assert gsm8k_score(f"So the answer is\n#### {value}", row["answer"]) == 1.0
+        assert gsm8k_score(f"#### {int(value) + 1}", row["answer"]) == 0.0
+    assert len({json.dumps(r["prompt"]) for r in rows}) > 290
+    held_out = held_out_rows(task, 64, seed=2, num_train=300)
+    assert not {json.dumps(r["prompt"]) for r in held_out} & {json.dumps(r["prompt"]) for r in rows}
