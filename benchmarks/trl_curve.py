@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
             work = shared_work(cfg, args.steps or cfg.trainer.total_steps, args.eval_every or cfg.trainer.val_every,
                                seeds[0], args.trl_generation)
             print(json.dumps({"work": asdict(work), "hybridflow_command": hybridflow_command(
-                args.experiment, work, out / f"hybridflow_s{seeds[0]}", extra)[1:],
+                args.experiment, work, out / f"hybridflow-{cfg.rollout.engine}_s{seeds[0]}", extra)[1:],
                 "grpo_config": grpo_config_kwargs(replace(work), str(out / "trl_output"), on_gpu=False)},
                 indent=2, default=str))
             return 0
