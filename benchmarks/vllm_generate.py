@@ -4,9 +4,12 @@
 
 The same decode-bound requests (`--batch` random prompts of `--prompt` tokens, `--new-tokens` each, no
 early stop) run as:
-  engine                  VllmRolloutEngine.generate: per-request seeds, sampled log-probs, conversion
-  llm seeded              the same vllm.SamplingParams straight to LLM.generate (engine minus conversion)
-  llm unseeded            without per-request seeds (vLLM samples from its engine-wide generator)
+  engine <seed_mode> [no-logprob]  VllmRolloutEngine.generate with rollout.seed_mode = per_request (every row
+                                   its own seed) or per_batch (the default: vLLM's engine-wide generator),
+                                   with sampled log-probs (a parity-gate / TIS step) or without (the other
+                                   steps); includes the conversion into a RolloutBatch
+  llm seeded              the per_request vllm.SamplingParams straight to LLM.generate (engine minus conversion)
+  llm unseeded            without per-request seeds
   llm unseeded no-logprob without per-request seeds and without log-probs
 Each is run once untimed, then `--repeats` times. Writes vllm_generate.json and .md under --out.
 """
@@ -14,6 +17,7 @@ Each is run once untimed, then `--repeats` times. Writes vllm_generate.json and 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -93,21 +97,26 @@ def main(argv=None) -> dict:
     prompts = [{"prompt_token_ids": row[: args.prompt].tolist()} for row in tokens]
 
     def params(seeded: bool, logprobs: bool) -> list:
-        made = []
-        for row in range(args.batch):
-            kw = sampling_kwargs(sampling, args.new_tokens, request_seed(sampling.seed, 0, row))
-            if not seeded:
-                kw.pop("seed")
-            if not logprobs:
-                kw.pop("logprobs")
-            made.append(engine.sampling_params_cls(**kw))
-        return made
+        wanted = dataclasses.replace(sampling, logprobs=logprobs)
+        return [engine.sampling_params_cls(**sampling_kwargs(wanted, args.new_tokens,
+                                                             request_seed(sampling.seed, 0, row) if seeded else None))
+                for row in range(args.batch)]
 
     def llm(seeded: bool, logprobs: bool):
         return lambda: engine.llm.generate(prompts, params(seeded, logprobs), use_tqdm=False)
 
+    def hybridflow_engine(seed_mode: str, logprobs: bool):
+        def call():
+            engine.spec = dataclasses.replace(spec, seed_mode=seed_mode)
+            out = engine.generate(batch, dataclasses.replace(sampling, logprobs=logprobs))
+            assert (out.logprobs is not None) == logprobs
+        return call
+
     variants = {
-        "engine": lambda: engine.generate(batch, sampling),
+        "engine per_request": hybridflow_engine("per_request", True),
+        "engine per_request no-logprob": hybridflow_engine("per_request", False),
+        "engine per_batch": hybridflow_engine("per_batch", True),
+        "engine per_batch no-logprob": hybridflow_engine("per_batch", False),
         "llm seeded": llm(True, True),
         "llm unseeded": llm(False, True),
         "llm unseeded no-logprob": llm(False, False),

@@ -11,6 +11,11 @@ from hybridflow.config.model import DTYPES
 ROLLOUT_ENGINES = ("megatron", "vllm")
 # The vLLM releases the vLLM engine supports (setup.py's [vllm] extra and the environment check say the same).
 VLLM_VERSIONS = ">=0.20,<0.35"
+SEED_MODES = ("per_batch", "per_request")
+# trainer.parity_every's default per engine: the native engine's log-probs are a by-product of sampling (free,
+# so the gate runs every step); vLLM's cost ~15% of generation time (H200, 1B, 64 x 1024 tokens), so the gate
+# samples every 10th step there.
+PARITY_EVERY = {"megatron": 1, "vllm": 10}
 
 
 @dataclass
@@ -31,3 +36,9 @@ class RolloutConfig:
     # vLLM sleep between generations: 1 frees the KV cache and offloads weights, 2 also drops the weights.
     sleep_level: int = bounded(1, choices=(1, 2))
     dtype: str | None = bounded(None, choices=DTYPES)  # None = model.dtype
+    # vLLM only. per_batch: requests carry no seed; vLLM samples from its engine-wide generator, seeded once per
+    # engine at start (trainer.seed + the engine's DP rank): the fast path, but a resumed run does not repeat
+    # the samples bit for bit. per_request: every row its own seed (trainer.seed, step, DP rank, row): resume is
+    # bitwise, generation ~15% slower. The native engine draws each batch from one generator seeded by
+    # (trainer.seed, step, DP rank), bitwise either way, and ignores this field.
+    seed_mode: str = bounded("per_batch", choices=SEED_MODES)

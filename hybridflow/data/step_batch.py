@@ -40,7 +40,8 @@ class StepBatch:
         width = min(max_len, -(-used // multiple) * multiple, self.tokens.shape[1])
         self.tokens = self.tokens[:, :width]
         self.response_mask = self.response_mask[:, :width]
-        self.rollout_logprobs = self.rollout_logprobs[:, :width]
+        if self.rollout_logprobs is not None:  # None on steps that read no rollout log-probs
+            self.rollout_logprobs = self.rollout_logprobs[:, :width]
 
     def tensors(self, *names: str, rows: slice | torch.Tensor = slice(None)) -> dict[str, torch.Tensor]:
         """Named tensors (tokens as `input_ids`) restricted to `rows`, for a role's micro-batches; once

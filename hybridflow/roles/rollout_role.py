@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -20,6 +21,16 @@ from megatron_adapters.checkpoint import unwrap
 from megatron_adapters.model import build_gpt, model_shape
 
 
+class LocalSamples(NamedTuple):
+    """One replica's samples before they are shared (tensors None off the rollout); `with_logprobs` says whether
+    log-probs were asked for, so every rank knows whether `share` sends them."""
+
+    tokens: torch.Tensor | None
+    response_mask: torch.Tensor | None
+    logprobs: torch.Tensor | None
+    with_logprobs: bool
+
+
 @dataclass
 class RolloutRole:
     """`mesh` lists the rollout ranks in the bridge's generation order (TP_g groups are consecutive)."""
@@ -33,33 +44,42 @@ class RolloutRole:
     last_sync: ReshardStats | None = None
     memory: dict[str, float] = field(default_factory=dict)  # rollout/* GiB freed by sleep, taken by wake (CUDA)
 
-    def generate(self, batch: StepBatch) -> None:
-        """Sample responses for this replica's rows and share tokens, masks and log-probs with every rank."""
-        self.share(batch, self.generate_local(batch))
+    def generate(self, batch: StepBatch, logprobs: bool = False) -> None:
+        """Sample responses for this replica's rows and share tokens, masks (and log-probs, if asked for) with
+        every rank."""
+        self.share(batch, self.generate_local(batch, logprobs))
 
-    def generate_local(self, batch: StepBatch) -> tuple:
-        """This replica's (tokens, response mask, log-probs) for its rows of `batch`; (None,) * 3 off the
-        rollout. Collective only inside the rollout's own groups, so other ranks never wait for it."""
+    def generate_local(self, batch: StepBatch, logprobs: bool = False) -> LocalSamples:
+        """This replica's samples of its rows of `batch` (tensors None off the rollout); log-probs only if
+        asked for (every rank must ask alike). Collective only inside the rollout's own groups, so other ranks
+        never wait for it."""
         rows = batch.size
-        local = (None, None, None)
+        local = LocalSamples(None, None, None, logprobs)
         if self.engine is not None:
             dp_rank = self.mesh.coords(dist.get_rank())[1]
             mine = slice(dp_rank * rows // self.mesh.dp, (dp_rank + 1) * rows // self.mesh.dp)
-            sampling = replace(self.sampling, seed=self.sampling.seed + 7919 * self.step + dp_rank)
+            sampling = replace(self.sampling, seed=self.sampling.seed + 7919 * self.step + dp_rank, logprobs=logprobs)
             prompts = RolloutBatch(batch.tokens[mine].to(self.device), batch.prompt_lens[mine].to(self.device))
             out = self.engine.generate(prompts, sampling)
+            if logprobs and out.logprobs is None:
+                raise RuntimeError("the rollout engine returned no log-probs although they were asked for")
             # hand the KV cache (and, at sleep level 2, weights) back to training
             self._track("rollout/sleep_freed_gib", self.engine.sleep, sign=1.0)
-            local = (out.tokens, out.response_mask, out.logprobs)
+            local = LocalSamples(out.tokens, out.response_mask, out.logprobs if logprobs else None, logprobs)
         self.step += 1
         return local
 
-    def share(self, batch: StepBatch, local: tuple) -> None:
-        """Put `generate_local`'s results of every replica into `batch` on every rank (collective over all)."""
+    def share(self, batch: StepBatch, local: LocalSamples) -> None:
+        """Put `generate_local`'s results of every replica into `batch` on every rank (collective over all);
+        `batch.rollout_logprobs` is None when they were not asked for."""
         rows, shape = batch.size, (batch.tokens.shape[1],)
-        batch.tokens = share_from_role(local[0], self.mesh, rows, shape, torch.long, self.device).cpu()
-        batch.response_mask = share_from_role(local[1], self.mesh, rows, shape, torch.long, self.device).cpu()
-        batch.rollout_logprobs = share_from_role(local[2], self.mesh, rows, shape, torch.float32, self.device).cpu()
+        batch.tokens = share_from_role(local.tokens, self.mesh, rows, shape, torch.long, self.device).cpu()
+        batch.response_mask = share_from_role(local.response_mask, self.mesh, rows, shape, torch.long,
+                                              self.device).cpu()
+        batch.rollout_logprobs = None
+        if local.with_logprobs:
+            batch.rollout_logprobs = share_from_role(local.logprobs, self.mesh, rows, shape, torch.float32,
+                                                     self.device).cpu()
 
     def sync(self, actor: ModelRole | None) -> None:
         """Reshard the actor's current weights into the engine (collective over actor and rollout ranks)."""

@@ -15,7 +15,8 @@ import torch
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """What to sample. `top_k=0` and `top_p=1.0` switch those filters off."""
+    """What to sample. `top_k=0` and `top_p=1.0` switch those filters off. `logprobs=False` lets the engine
+    skip the sampled tokens' log-probs (vLLM computes them at a cost; RolloutBatch.logprobs is then None)."""
 
     max_new_tokens: int
     temperature: float = 1.0
@@ -24,6 +25,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     pad_token_id: int = 0
     seed: int = 0
+    logprobs: bool = True
 
 
 @dataclass
@@ -35,7 +37,8 @@ class RolloutBatch:
     response_mask: 1 at the columns of response tokens (up to and including the stop token), else 0
     logprobs:      at response columns, log p(token) under log_softmax(logits / temperature) of the model
                    that sampled it (no top-k/top-p renormalisation); 0 elsewhere. The actor recomputes the
-                   same quantity and the parity gate compares the two.
+                   same quantity and the parity gate compares the two. None when the sampling asked for
+                   none (`SamplingParams.logprobs=False`).
     """
 
     tokens: torch.Tensor

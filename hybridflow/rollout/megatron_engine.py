@@ -59,7 +59,7 @@ class MegatronRolloutEngine:
 
         end = int(prompt_lens.min())
         if end >= total:  # no column left to sample into
-            return RolloutBatch(tokens, batch.prompt_lens, response_mask, logprobs)
+            return RolloutBatch(tokens, batch.prompt_lens, response_mask, logprobs if sampling.logprobs else None)
         check_every = 1 if device.type == "cpu" else GPU_DONE_CHECK_EVERY
         with attach_decode_cache(self.model, bsz, total) as cache:
             positions = torch.arange(end, device=device).expand(bsz, end)
@@ -80,7 +80,8 @@ class MegatronRolloutEngine:
                 if end >= total or (end % check_every == 0 and bool(done.all())):
                     break
                 logits = step(tokens[:, end - 1 : end], end - 1)
-        return RolloutBatch(tokens, batch.prompt_lens, response_mask, logprobs)
+        # the log-probs cost nothing here (a gather per step); dropped when not asked for, as vLLM does
+        return RolloutBatch(tokens, batch.prompt_lens, response_mask, logprobs if sampling.logprobs else None)
 
     def _sample(
         self, local_logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator

@@ -14,6 +14,7 @@ when an engine is built, so this module imports without it.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -44,6 +45,9 @@ RESERVED_ENGINE_ARGS = frozenset(
 DEFAULT_ENGINE_ARGS: dict[str, Any] = {"skip_tokenizer_init": True, "logprobs_mode": "processed_logprobs"}
 VLLM_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 SLEEP_TAGS = ("weights", "kv_cache")
+PER_BATCH_NOTE = ("rollout: seed_mode=per_batch: vLLM samples from one generator per engine, so a resumed run "
+                  "does not repeat its samples bit for bit; rollout.seed_mode=per_request does (~15% slower "
+                  "generation)")
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,8 @@ class VllmEngineSpec:
     model_path: a local HF model directory (its config.json shapes the engine; weights come from the bridge).
     sleep_level: 1 frees the KV cache and offloads weights to CPU, 2 also discards the weights (cheaper when
     every sync rewrites all of them anyway).
+    seed_mode: "per_request" gives every request its own seed (`request_seed`: reproducible samples, bitwise
+    resume); "per_batch" sends none, so vLLM samples from its engine-wide generator (`engine_seed`), faster.
     """
 
     model_path: str
@@ -61,11 +67,13 @@ class VllmEngineSpec:
     gpu_memory_utilization: float = 0.5
     sleep_level: int = 1
     seed: int = 0
+    seed_mode: str = "per_batch"
     engine_args: Mapping[str, Any] = field(default_factory=dict)
 
 
-def engine_kwargs(spec: VllmEngineSpec, known_args: Iterable[str] | None = None) -> dict[str, Any]:
-    """Keyword arguments for `vllm.LLM`; `known_args` (vllm.EngineArgs' fields) catches misspelled keys."""
+def engine_kwargs(spec: VllmEngineSpec, known_args: Iterable[str] | None = None, dp_rank: int = 0) -> dict[str, Any]:
+    """Keyword arguments for `vllm.LLM` on a rank of DP replica `dp_rank`; `known_args` (vllm.EngineArgs'
+    fields) catches misspelled keys."""
     user = dict(spec.engine_args)
     for key in sorted(user):
         if key in RESERVED_ENGINE_ARGS:
@@ -82,6 +90,8 @@ def engine_kwargs(spec: VllmEngineSpec, known_args: Iterable[str] | None = None)
         raise UserError(f"rollout.dtype: {spec.dtype!r} is not one of {sorted(VLLM_DTYPES)}")
     if spec.sleep_level not in (1, 2):
         raise UserError(f"rollout.sleep_level: {spec.sleep_level} is not 1 or 2")
+    if spec.seed_mode not in ("per_batch", "per_request"):
+        raise UserError(f"rollout.seed_mode: {spec.seed_mode!r} is not per_batch or per_request")
     return {
         **DEFAULT_ENGINE_ARGS,
         **user,
@@ -93,8 +103,14 @@ def engine_kwargs(spec: VllmEngineSpec, known_args: Iterable[str] | None = None)
         "dtype": VLLM_DTYPES[spec.dtype],
         "gpu_memory_utilization": spec.gpu_memory_utilization,
         # every TP rank runs its own scheduler and sampler; identical seeds keep them in lockstep
-        "seed": spec.seed,
+        "seed": engine_seed(spec.seed, dp_rank),
     }
+
+
+def engine_seed(seed: int, dp_rank: int) -> int:
+    """The engine-wide generator's seed: one per DP replica (its TP ranks must draw alike), so replicas do not
+    draw the same noise for their different prompts when requests carry no seed (seed_mode=per_batch)."""
+    return (seed + 1_000_003 * dp_rank) % (1 << 32)
 
 
 def request_seed(seed: int, dp_rank: int, row: int) -> int:
@@ -102,29 +118,34 @@ def request_seed(seed: int, dp_rank: int, row: int) -> int:
     return ((seed * 1_000_003 + dp_rank) * 1_000_003 + row) % (1 << 63)
 
 
-def sampling_kwargs(sampling: SamplingParams, max_tokens: int, seed: int) -> dict[str, Any]:
+def sampling_kwargs(sampling: SamplingParams, max_tokens: int, seed: int | None) -> dict[str, Any]:
     """Keyword arguments for one request's `vllm.SamplingParams`.
 
     Stopping happens only at `stop_token_ids` (ignore_eos), as in the native engine; logprobs=0 returns the
-    sampled token's log-prob only. top_k <= 0 means off (RolloutConfig writes -1); vLLM 0.20-0.34 take 0.
+    sampled token's log-prob only, and is left out (no log-probs at all) unless `sampling.logprobs`. `seed`
+    None sends no seed (the engine-wide generator samples). top_k <= 0 means off (RolloutConfig writes -1);
+    vLLM 0.20-0.34 take 0.
     """
-    if sampling.top_k > 0 or sampling.top_p < 1.0:
+    if sampling.logprobs and (sampling.top_k > 0 or sampling.top_p < 1.0):
         warnings.warn(
             "vLLM returns log-probs renormalised after top-k/top-p filtering, while RolloutBatch.logprobs is "
             "unfiltered: the parity gate will show the difference",
             stacklevel=2,
         )
-    return {
+    kwargs: dict[str, Any] = {
         "temperature": sampling.temperature,
         "top_p": sampling.top_p,
         "top_k": sampling.top_k if sampling.top_k > 0 else 0,
         "max_tokens": max_tokens,
         "stop_token_ids": list(sampling.stop_token_ids),
         "ignore_eos": True,
-        "logprobs": 0,
-        "seed": seed,
         "detokenize": False,
     }
+    if sampling.logprobs:
+        kwargs["logprobs"] = 0
+    if seed is not None:
+        kwargs["seed"] = seed
+    return kwargs
 
 
 def response_room(batch: RolloutBatch, sampling: SamplingParams) -> list[int]:
@@ -134,10 +155,11 @@ def response_room(batch: RolloutBatch, sampling: SamplingParams) -> list[int]:
 
 
 def outputs_to_batch(batch: RolloutBatch, outputs: Sequence[Any | None], sampling: SamplingParams) -> RolloutBatch:
-    """Write vLLM RequestOutputs (one per row, None for rows without room) into the batch's columns."""
+    """Write vLLM RequestOutputs (one per row, None for rows without room) into the batch's columns; the
+    log-probs only if `sampling.logprobs` (else the batch's are None)."""
     tokens = batch.tokens.clone()
     bsz, width = tokens.shape
-    logprobs = torch.zeros(bsz, width, dtype=torch.float32)
+    logprobs = torch.zeros(bsz, width, dtype=torch.float32) if sampling.logprobs else None
     response_mask = torch.zeros(bsz, width, dtype=torch.long)
     if len(outputs) != bsz:
         raise RuntimeError(f"vLLM answered {len(outputs)} requests for {bsz} prompts")
@@ -150,16 +172,19 @@ def outputs_to_batch(batch: RolloutBatch, outputs: Sequence[Any | None], samplin
             raise RuntimeError(f"vLLM output {row} belongs to another prompt (request order changed)")
         completion = out.outputs[0]
         ids = list(completion.token_ids)
-        if len(ids) > room or completion.logprobs is None or len(completion.logprobs) != len(ids):
+        missing = logprobs is not None and (completion.logprobs is None or len(completion.logprobs) != len(ids))
+        if len(ids) > room or missing:
             raise RuntimeError(f"vLLM output {row}: {len(ids)} tokens for room {room}, or log-probs missing")
         end = start + len(ids)
         tokens[row, start:end] = torch.tensor(ids, dtype=tokens.dtype)
-        # each position maps token id -> Logprob; with logprobs=0 it holds the sampled token (at least)
-        picked = [pos[t].logprob for pos, t in zip(completion.logprobs, ids, strict=True)]
-        logprobs[row, start:end] = torch.tensor(picked)
+        if logprobs is not None:
+            # each position maps token id -> Logprob; with logprobs=0 it holds the sampled token (at least)
+            picked = [pos[t].logprob for pos, t in zip(completion.logprobs, ids, strict=True)]
+            logprobs[row, start:end] = torch.tensor(picked)
         response_mask[row, start:end] = 1
     device = batch.tokens.device
-    return RolloutBatch(tokens, batch.prompt_lens, response_mask.to(device), logprobs.to(device))
+    return RolloutBatch(tokens, batch.prompt_lens, response_mask.to(device),
+                        None if logprobs is None else logprobs.to(device))
 
 
 class VllmRolloutEngine:
@@ -184,8 +209,11 @@ class VllmRolloutEngine:
         import vllm
 
         known = [f.name for f in dataclasses.fields(vllm.EngineArgs)]
-        llm = vllm.LLM(**engine_kwargs(spec, known))
-        return cls(llm, vllm.SamplingParams, spec, dp_rank=mesh.coords(rank)[1])
+        dp_rank = mesh.coords(rank)[1]
+        llm = vllm.LLM(**engine_kwargs(spec, known, dp_rank))
+        if rank == 0 and spec.seed_mode == "per_batch":
+            print(PER_BATCH_NOTE, file=sys.stderr, flush=True)
+        return cls(llm, vllm.SamplingParams, spec, dp_rank=dp_rank)
 
     def model(self) -> torch.nn.Module:
         """vLLM's model on this rank. external_launcher runs one in-process worker, so `apply_model` (public
@@ -204,7 +232,7 @@ class VllmRolloutEngine:
                 continue
             rows.append(row)
             prompts.append({"prompt_token_ids": batch.tokens[row, : int(batch.prompt_lens[row])].tolist()})
-            seed = request_seed(sampling.seed, self.dp_rank, row)
+            seed = request_seed(sampling.seed, self.dp_rank, row) if self.spec.seed_mode == "per_request" else None
             params.append(self.sampling_params_cls(**sampling_kwargs(sampling, room, seed)))
         answers = self.llm.generate(prompts, params, use_tqdm=False) if prompts else []
         outputs: list[Any | None] = [None] * batch.tokens.shape[0]

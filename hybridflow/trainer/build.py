@@ -110,7 +110,7 @@ def build_run(cfg: ExperimentConfig, plan: Plan, work_dir: Path) -> BuiltRun:
         vllm_spec = VllmEngineSpec(
             model_path=hf_dir, tp=meshes["rollout"].tp, dtype=rollout_dtype,
             gpu_memory_utilization=cfg.rollout.gpu_memory_utilization, sleep_level=cfg.rollout.sleep_level,
-            seed=cfg.trainer.seed, engine_args=cfg.rollout.engine_args,
+            seed=cfg.trainer.seed, seed_mode=cfg.rollout.seed_mode, engine_args=cfg.rollout.engine_args,
         )
     rollout = build_rollout_role(meshes["rollout"], groups["rollout"], reshard_plan, hf_dir, DTYPES[rollout_dtype],
                                  sampling, device, vllm_spec, timeout_s=cfg.distributed.timeout_s)

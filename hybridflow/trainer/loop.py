@@ -80,6 +80,7 @@ def train(cfg: ExperimentConfig, plan: Plan) -> dict[str, float]:
         loader.load_state_dict(state["loader"])
         trainer.kl_ctl.load_state_dict(state["kl"])
         trainer.rollout.step, start = state["rollout_step"], state["step"]
+        trainer.steps_done = start
         trainer.ready = state.get("ready")  # lag 1: the batch generated before the checkpoint, not yet trained on
         trainer.rollout.sync(trainer.roles.get("actor"))
         if cfg.trainer.warmup_sft_steps and "ref" in trainer.roles:

@@ -33,7 +33,9 @@ Off-policy correction: PPO's ratio is against the actor's old log-probs (w_{k-1}
 `algorithm.tis_cap` > 0 also weights each token's policy loss by min(pi_old / pi_rollout, cap)
 (hybridflow.algorithms.losses.truncated_is). The parity gate compares the rollout's log-probs with the actor's and
 needs both from the same weights: it holds at lag 0; at lag 1 the gap is the one-update drift, reported as
-`offpolicy/*` and not gated.
+`offpolicy/*` and not gated. It runs on steps 0, N, 2N, ... (`trainer.parity_every` = N, 0 = never), and the
+rollout returns log-probs only for the batches something reads them from (those steps, or every step with
+truncated IS): vLLM computes them at a cost, and a step without them never compares against zeros.
 """
 
 from __future__ import annotations
@@ -112,6 +114,7 @@ class RLTrainer:
     ready: StepBatch | None = None  # lag 1: the batch landed in the last step, consumed by the next
     sampling_metrics: dict[str, float] = field(default_factory=dict)  # dynamic sampling's, last produce
     last_batch: StepBatch | None = None  # the batch the last step trained on (sample logging reads it)
+    steps_done: int = 0  # RL steps trained so far (a resumed run sets it): the parity gate's cadence counts them
 
     # ---- one step -------------------------------------------------------------------------------
     def step(self, prompts: StepBatch, draw: Callable[[], StepBatch] | None = None) -> dict[str, float]:
@@ -119,8 +122,8 @@ class RLTrainer:
         `draw` gives more prompts when a batch filter wants them."""
         timer = StageTimer()
         metrics: dict[str, float] = {}
-        with timer("generate"):
-            generating = self.rollout.generate_local(prompts)  # the rollout ranks only; nobody waits for it
+        with timer("generate"):  # the rollout ranks only; nobody waits for it
+            generating = self.rollout.generate_local(prompts, self.reads_rollout_logprobs(self.steps_done + self.lag))
         engine_s = timer.seconds["generate"]
         if self.lag:
             batch = self.ready  # generated during the last step, by the weights before its update
@@ -133,6 +136,7 @@ class RLTrainer:
         metrics |= self.sampling_metrics  # the batch filter's figures of the batch produced in this step
         with timer("sync"):
             self.rollout.sync(self.roles.get("actor"))
+        self.steps_done += 1
         if self.rollout.engine is not None:
             metrics["rollout/generate_s"] = engine_s
         metrics |= self.rollout.memory  # sleep/wake figures of this rank's engine (empty off the rollout)
@@ -140,11 +144,21 @@ class RLTrainer:
 
     def prime(self, prompts: StepBatch, draw: Callable[[], StepBatch] | None = None) -> None:
         """Lag 1, before the first step: generate and land its batch with the current weights."""
-        self.ready = self.produce(prompts, self.rollout.generate_local(prompts), StageTimer(), "generate", draw)
+        generating = self.rollout.generate_local(prompts, self.reads_rollout_logprobs(self.steps_done))
+        self.ready = self.produce(prompts, generating, StageTimer(), "generate", draw)
 
     @property
     def lag(self) -> int:
         return self.cfg.trainer.rollout_lag
+
+    def parity_due(self, step: int) -> bool:
+        """Whether the parity gate (off-policy figures at lag 1) runs at RL step `step` (0-based)."""
+        every = self.cfg.trainer.parity_every
+        return bool(every) and step % every == 0
+
+    def reads_rollout_logprobs(self, step: int) -> bool:
+        """Whether the batch trained on at `step` needs the rollout's log-probs (the gate, truncated IS)."""
+        return bool(self.cfg.algorithm.tis_cap) or self.parity_due(step)
 
     def produce(self, prompts: StepBatch, generating: tuple, timer: StageTimer, stage: str,
                 draw: Callable[[], StepBatch] | None = None) -> StepBatch:
@@ -163,7 +177,7 @@ class RLTrainer:
 
         def generated_and_scored() -> StepBatch:
             more = draw()
-            self.rollout.generate(more)
+            self.rollout.generate(more, generating.with_logprobs)  # as the batch it joins
             more.trim_columns(TRIM_MULTIPLE, self.cfg.data.seq_length)
             more.scores = self.scorer.share(self.scorer.local(more), more)
             return more
@@ -186,12 +200,13 @@ class RLTrainer:
             batch.old_logprobs = self.share("actor", old, batch)
             batch.ref_logprobs = self.share("ref", ref, batch) if "ref" in self.meshes else None
             batch.values = self.share("critic", values, batch) if "critic" in self.meshes else None
-        metrics = self.parity(batch)
+        metrics = self.gate(batch)
         with timer("advantages"):
             kl = self.assign_rewards(batch)
             adv = self.algorithm.estimator(batch.token_rewards, batch.response_mask, batch.values)
             batch.advantages, batch.returns = adv.advantages, adv.returns
             if self.cfg.algorithm.tis_cap:
+                _require_rollout_logprobs(batch, "algorithm.tis_cap")
                 batch.is_weights = truncated_is_weights(batch.old_logprobs, batch.rollout_logprobs,
                                                         self.cfg.algorithm.tis_cap)
         with timer("update_critic"):
@@ -219,9 +234,17 @@ class RLTrainer:
         return share_from_role(local, self.meshes[role], batch.size, tuple(batch.tokens.shape[1:]),
                                torch.float32, self.device, group=self.training.group).cpu()
 
+    def gate(self, batch: StepBatch) -> dict[str, float]:
+        """The parity figures (and gate) of this step's batch on the steps `trainer.parity_every` picks."""
+        # At lag 1 the first batch after a resume was generated before it, under the cadence then (the
+        # checkpoint holds it); any other batch lacking log-probs it asked for, generate_local refused.
+        restored_without = self.lag and batch.rollout_logprobs is None
+        return self.parity(batch) if self.parity_due(self.steps_done) and not restored_without else {}
+
     def parity(self, batch: StepBatch) -> dict[str, float]:
         """Compare the rollout's log-probs of its samples with the actor's recomputation; fail loudly at lag 0
         (at lag 1 they come from weights one update apart: `offpolicy/*`, not gated)."""
+        _require_rollout_logprobs(batch, "trainer.parity_every")
         mask = batch.response_mask.bool()
         diff = (batch.rollout_logprobs - batch.old_logprobs).abs()[mask]
         prefix = "offpolicy" if self.lag else "parity"
@@ -332,6 +355,13 @@ class RLTrainer:
         if torch.cuda.is_available():
             out["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
         return out
+
+
+def _require_rollout_logprobs(batch: StepBatch, reader: str) -> None:
+    """Reading the rollout's log-probs of a batch generated without them: fail, never read zeros."""
+    if batch.rollout_logprobs is None:
+        raise RuntimeError(f"{reader}: the batch was generated without the rollout's log-probs "
+                           "(RLTrainer.reads_rollout_logprobs decides which batches get them)")
 
 
 def _from_every_rank(role_metrics: dict[str, float]) -> dict[str, float]:

@@ -52,7 +52,8 @@ class DictEngine:
             raise ValueError("negative seed reached the engine")
         sums = torch.tensor([float(t.sum()) for t in self.tensors.values()])
         world = torch.distributed.get_world_size()
-        return RolloutBatch(batch.tokens + 1, batch.prompt_lens, logprobs=torch.cat([sums, torch.tensor([world])]))
+        logprobs = torch.cat([sums, torch.tensor([world])]) if sampling.logprobs else None
+        return RolloutBatch(batch.tokens + 1, batch.prompt_lens, logprobs=logprobs)
 
     def weight_tensors(self):
         return self.tensors
@@ -96,18 +97,20 @@ def _transport_one_rank():
     with pytest.raises(EngineProcessError, match=r"(?s)in generate.*ValueError: negative seed"):
         engine.generate(batch, SamplingParams(max_new_tokens=1, seed=-1))
     again = engine.generate(batch, SamplingParams(max_new_tokens=1))  # the engine process survives an error
+    bare = engine.generate(batch, SamplingParams(max_new_tokens=1, logprobs=False))  # absent log-probs travel
     try:
         start_hosted_engine(_dict_engine, ({"a": (3, 4)},), mesh, SHAPES, torch.float32, torch.device("cpu"), 60)
     except EngineProcessError as e:
         mismatch = str(e)
     engine.close()
     assert dist.get_world_size() == 1
-    return out, again, expected, mismatch
+    return out, again, bare, expected, mismatch
 
 
 def test_engine_process_gets_every_bucket_and_reports_errors():
-    out, again, expected, mismatch = run_distributed(_transport_one_rank, world_size=1, timeout_s=240)[0]
+    out, again, bare, expected, mismatch = run_distributed(_transport_one_rank, world_size=1, timeout_s=240)[0]
     assert out.tokens.tolist() == [[5, 6]] and torch.equal(again.tokens, out.tokens)
+    assert bare.logprobs is None and torch.equal(bare.tokens, out.tokens)
     sums = torch.tensor([float(t.sum()) for t in expected.values()])
     torch.testing.assert_close(out.logprobs[:-1], sums)  # every bucket arrived whole, none overwrote another
     assert out.logprobs[-1] == 1  # the engine's own world
@@ -167,8 +170,11 @@ def _hosted_vs_in_process(hf_dir: str):
     for role in (here, hosted):
         role.sync(actor)
         batch = StepBatch(rows=[{}] * 3, tokens=prompts.clone(), prompt_lens=torch.tensor([3, 4, 1]))
-        role.generate(batch)
+        role.generate(batch, logprobs=True)
         results.append((batch.tokens, batch.rollout_logprobs))
+    bare = StepBatch(rows=[{}] * 3, tokens=prompts.clone(), prompt_lens=torch.tensor([3, 4, 1]))
+    hosted.generate(bare, logprobs=False)  # every rank shares tokens and masks only, off the rollout too
+    results.append((bare.tokens, bare.rollout_logprobs))
     if hosted.engine is not None:
         hosted.engine.close()
     return dist.get_rank(), buckets, results, hosted.engine is None
@@ -185,8 +191,10 @@ def test_native_engine_hosted_on_a_subset_samples_what_it_samples_in_process(hf_
     ranks = run_distributed(_hosted_vs_in_process, world_size=3, args=(hf_dir,), timeout_s=400)
     assert [r[3] for r in ranks] == [True, False, False]  # rank 0 holds no engine process
     assert ranks[0][1] == 0 and ranks[1][1] == ranks[2][1] > 1  # several buckets through one staging buffer
-    _, _, ((tokens, logps), (hosted_tokens, hosted_logps)), _ = ranks[0]  # shared with every rank
-    assert torch.equal(hosted_tokens, tokens)
+    _, _, ((tokens, logps), (hosted_tokens, hosted_logps), (bare_tokens, bare_logps)), _ = ranks[0]
+    assert torch.equal(hosted_tokens, tokens)  # shared with every rank
+    assert all(r[2][2][1] is None for r in ranks)  # absent log-probs: None on every rank, nothing hung
+    assert bare_tokens.shape == tokens.shape and (bare_tokens[:, 4:] != 0).any()  # responses still came back
     torch.testing.assert_close(hosted_logps, logps, atol=1e-5, rtol=0)
     assert (logps != 0).any()
 

@@ -31,6 +31,7 @@ from hybridflow.rollout.vllm_engine import (
     VllmEngineSpec,
     VllmRolloutEngine,
     engine_kwargs,
+    engine_seed,
     outputs_to_batch,
     request_seed,
     sampling_kwargs,
@@ -101,6 +102,16 @@ def test_engine_kwargs_name_unknown_and_contradicting_keys():
     assert same["gpu_memory_utilization"] == 0.5
     with pytest.raises(UserError, match="rollout.sleep_level"):
         engine_kwargs(VllmEngineSpec("/m", tp=1, sleep_level=3))
+    with pytest.raises(UserError, match="rollout.seed_mode"):
+        engine_kwargs(VllmEngineSpec("/m", tp=1, seed_mode="per_step"))
+
+
+def test_engine_seed_is_one_per_dp_replica():
+    # a replica's TP ranks share the engine seed (they must sample alike); replicas differ (per_batch draws
+    # from this generator); replica 0 keeps trainer.seed itself
+    kw = [engine_kwargs(VllmEngineSpec("/m", tp=2, seed=7), dp_rank=dp)["seed"] for dp in range(4)]
+    assert kw[0] == 7 and len(set(kw)) == 4 and kw == [engine_seed(7, dp) for dp in range(4)]
+    assert all(0 <= s < 2**32 for s in kw)
 
 
 # ------------------------------------------------------------------------------------------------- sampling
@@ -120,6 +131,17 @@ def test_sampling_kwargs_map_every_field():
         "seed": 1234,
         "detokenize": False,
     }
+
+
+def test_sampling_kwargs_without_seed_or_logprobs_leave_those_keys_out():
+    s = SamplingParams(max_new_tokens=16, temperature=0.7, stop_token_ids=(2,), logprobs=False)
+    kw = sampling_kwargs(s, max_tokens=9, seed=None)
+    assert "seed" not in kw and "logprobs" not in kw  # vLLM: no per-request generator, no log-prob pass
+    assert (kw["max_tokens"], kw["stop_token_ids"], kw["ignore_eos"]) == (9, [2], True)
+    assert sampling_kwargs(SamplingParams(max_new_tokens=4), 4, seed=None)["logprobs"] == 0
+    with warnings.catch_warnings():  # no log-probs, so nothing renormalised to warn about
+        warnings.simplefilter("error")
+        sampling_kwargs(SamplingParams(max_new_tokens=4, top_k=20, logprobs=False), 4, seed=None)
 
 
 def test_sampling_kwargs_map_top_k_off_to_zero_without_warning():
@@ -191,6 +213,15 @@ def test_outputs_fail_loudly_on_wrong_prompt_or_length_or_missing_logprobs():
         outputs_to_batch(batch, [no_logprobs], sampling)
     with pytest.raises(RuntimeError, match="answered 0 requests"):
         outputs_to_batch(batch, [], sampling)
+
+
+def test_outputs_without_logprobs_asked_for_give_none():
+    batch = prompt_batch([[5, 6]], width=5)
+    out = fake_output([5, 6], [3, 4], [-1.0, -2.0])
+    out.outputs[0].logprobs = None  # what vLLM returns when SamplingParams.logprobs is None
+    got = outputs_to_batch(batch, [out], SamplingParams(max_new_tokens=3, logprobs=False))
+    assert got.logprobs is None
+    assert got.tokens.tolist() == [[5, 6, 3, 4, 0]] and got.response_mask.tolist() == [[0, 0, 1, 1, 0]]
 
 
 # ------------------------------------------------------------------- engine layout = the bridge's layout
@@ -299,7 +330,10 @@ class FakeLLM:
         outs = []
         for prompt, p in zip(prompts, params, strict=True):
             ids = [7, 8, *p["stop_token_ids"][:1]][: p["max_tokens"]]
-            outs.append(fake_output(prompt["prompt_token_ids"], ids, [-0.5] * len(ids)))
+            out = fake_output(prompt["prompt_token_ids"], ids, [-0.5] * len(ids))
+            if "logprobs" not in p:  # as vLLM: no log-probs unless asked for
+                out.outputs[0].logprobs = None
+            outs.append(out)
         return outs
 
     def sleep(self, level):
@@ -312,15 +346,16 @@ class FakeLLM:
         self.calls.append(("reset_prefix_cache",))
 
 
-def fake_engine(sleep_level=1):
+def fake_engine(sleep_level=1, seed_mode="per_request"):
     shapes, tied = recorded("llama_gqa", "1", "0")
     llm = FakeLLM(module_from_shapes(shapes, tied))
-    engine = VllmRolloutEngine(llm, dict, VllmEngineSpec("/m", tp=1, sleep_level=sleep_level), dp_rank=1)
+    spec = VllmEngineSpec("/m", tp=1, sleep_level=sleep_level, seed_mode=seed_mode)
+    engine = VllmRolloutEngine(llm, dict, spec, dp_rank=1)
     return engine, llm, shapes
 
 
 def test_generate_sends_each_row_its_room_and_seed():
-    engine, llm, _ = fake_engine()
+    engine, llm, _ = fake_engine(seed_mode="per_request")
     batch = prompt_batch([[5, 6, 7], [8], [1, 2, 3, 4, 5, 6]], width=6)
     got = engine.generate(batch, SamplingParams(max_new_tokens=4, stop_token_ids=(2,), seed=9))
     _, prompts, params = llm.calls[-1]
@@ -329,6 +364,19 @@ def test_generate_sends_each_row_its_room_and_seed():
     assert [p["seed"] for p in params] == [request_seed(9, 1, 0), request_seed(9, 1, 1)]
     assert got.tokens.tolist() == [[5, 6, 7, 7, 8, 2], [8, 7, 8, 2, 0, 0], [1, 2, 3, 4, 5, 6]]
     assert got.response_mask.tolist() == [[0, 0, 0, 1, 1, 1], [0, 1, 1, 1, 0, 0], [0] * 6]
+    assert got.logprobs.tolist()[1] == [0, -0.5, -0.5, -0.5, 0, 0]
+
+
+@pytest.mark.parametrize("logprobs", [True, False])
+def test_generate_per_batch_sends_no_seed_and_logprobs_only_when_asked(logprobs):
+    engine, llm, _ = fake_engine(seed_mode="per_batch")
+    batch = prompt_batch([[5, 6, 7], [8]], width=6)
+    got = engine.generate(batch, SamplingParams(max_new_tokens=4, stop_token_ids=(2,), seed=9, logprobs=logprobs))
+    _, _, params = llm.calls[-1]
+    assert all("seed" not in p for p in params)  # vLLM's engine-wide generator samples
+    assert all(("logprobs" in p) == logprobs for p in params)
+    assert got.tokens.tolist() == [[5, 6, 7, 7, 8, 2], [8, 7, 8, 2, 0, 0]]
+    assert (got.logprobs is not None) == logprobs
 
 
 @pytest.mark.parametrize("level", [1, 2])
@@ -371,6 +419,8 @@ def test_real_vllm_accepts_our_sampling_and_engine_args():
     kw = sampling_kwargs(SamplingParams(max_new_tokens=8, temperature=0.9, stop_token_ids=(3,)), 8, seed=5)
     params = vllm.SamplingParams(**kw)
     assert (params.max_tokens, params.logprobs, params.seed, params.stop_token_ids) == (8, 0, 5, [3])
+    bare = vllm.SamplingParams(**sampling_kwargs(SamplingParams(max_new_tokens=8, logprobs=False), 8, seed=None))
+    assert (bare.logprobs, bare.seed) == (None, None)
     assert params.top_k == 0 and params.ignore_eos
     spec = VllmEngineSpec("/m", tp=2, engine_args={"max_num_seqs": 32, "enforce_eager": True, "max_model_len": 256})
     args = vllm.EngineArgs(**engine_kwargs(spec, [f.name for f in dataclasses.fields(vllm.EngineArgs)]))
@@ -441,6 +491,7 @@ def test_gpu_generation_logprobs_and_sleep_wake(tmp_path, single_rank_world):
     src = {t.entry.mcore: hf_to_mcore_shard(t.entry, hf_reader(hf_state), shape, spec).float().cuda()
            for t in bridge.tensors}
     engine_spec = VllmEngineSpec(str(tmp_path), tp=1, dtype="fp32", gpu_memory_utilization=0.2, sleep_level=2,
+                                 seed_mode="per_request",  # the seeded-repeat check below needs request seeds
                                  engine_args={"max_model_len": 64, "max_num_seqs": 8, "enforce_eager": True})
     engine = start_hosted_engine(VllmRolloutEngine.create, (engine_spec,), RoleMesh("rollout", (0,), 1, 1, 1),
                                  bridge.bucket_shapes(), torch.float32, cuda, 300)
@@ -479,4 +530,6 @@ def test_gpu_generation_logprobs_and_sleep_wake(tmp_path, single_rank_world):
     assert torch.equal(again.tokens, first.tokens)
     sampled = engine.generate(batch, SamplingParams(max_new_tokens=8, temperature=1.0, seed=3))
     assert torch.equal(sampled.tokens, engine.generate(batch, SamplingParams(max_new_tokens=8, seed=3)).tokens)
+    bare = engine.generate(batch, SamplingParams(max_new_tokens=8, seed=3, logprobs=False))
+    assert bare.logprobs is None and torch.equal(bare.tokens, sampled.tokens)  # same seeds, no log-prob pass
     engine.close()
