@@ -1,0 +1,60 @@
+"""benchmarks.trl_curve: the experiment's GRPO work as both frameworks run it, and its report (CPU, no TRL)."""
+
+import json
+
+import pytest
+
+from benchmarks import trl_curve
+from benchmarks.trl_grpo import grpo_config_kwargs
+from hybridflow.config import load_experiment
+
+# grpo_smollm2's shape without resolving the packaged checkpoint (model.path stands in for it)
+OVERRIDES = ["model.packaged=null", "model.path=null"]
+
+
+def test_work_follows_the_experiment_and_trl_stops_at_eos():
+    cfg = load_experiment("grpo_smollm2", OVERRIDES)
+    work = trl_curve.shared_work(cfg, steps=40, eval_every=10, seed=3, trl_generation="vllm-colocate")
+    assert (work.prompts, work.samples_per_prompt, work.response_length) == (
+        cfg.data.train_batch_size, cfg.rollout.n_samples_per_prompt, cfg.rollout.max_new_tokens)
+    assert (work.lr, work.kl_coef, work.mini_batch_size) == (cfg.trainer.lr, cfg.algorithm.kl_coef,
+                                                             cfg.algorithm.mini_batch_size)
+    assert work.reward == "gsm8k" and work.stop_at_eos and work.eval_rows == cfg.data.val_size
+    kw = grpo_config_kwargs(work, "/out")
+    assert kw["generation_kwargs"] == {}  # no min_tokens floor: responses end at eos as in hybridflow
+    assert kw["max_steps"] == 40 * work.optimizer_steps_per_rl_step and kw["loss_type"] == "dapo"
+
+
+def test_eval_every_must_divide_the_steps():
+    cfg = load_experiment("grpo_smollm2", OVERRIDES)
+    with pytest.raises(Exception, match="--eval-every"):
+        trl_curve.shared_work(cfg, steps=40, eval_every=15, seed=1, trl_generation="hf")
+
+
+def test_hybridflow_result_reads_throughput_after_the_first_step_and_the_val_curve(tmp_path):
+    cfg = load_experiment("grpo_smollm2", OVERRIDES)
+    work = trl_curve.shared_work(cfg, steps=2, eval_every=1, seed=1, trl_generation="hf")
+    records = [{"step": 0, "phase": "val", "val/accuracy": 0.2},
+               {"step": 1, "phase": "rl", "tokens_per_s": 100.0, "step_time_s": 10.0},
+               {"step": 1, "phase": "val", "val/accuracy": 0.3},
+               {"step": 2, "phase": "rl", "tokens_per_s": 300.0, "step_time_s": 2.0},
+               {"step": 2, "phase": "val", "val/accuracy": 0.5}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    result = trl_curve.hybridflow_result(tmp_path, work)
+    assert result["timed_steps"] == 1 and result["throughput_tokens_per_s"] == pytest.approx(300.0)
+    assert [a["accuracy"] for a in result["accuracy"]] == [0.2, 0.3, 0.5]
+    assert result["accuracy"][2]["samples"] == 2 * work.samples
+
+
+def test_report_has_a_ratio_per_engine_and_a_plot(tmp_path):
+    side = lambda tok, acc: {"framework": "x", "throughput_tokens_per_s": tok, "step_time_s": 1.0,  # noqa: E731
+                             "accuracy": [{"step": 0, "samples": 0, "accuracy": 0.1},
+                                          {"step": 4, "samples": 64, "accuracy": acc}]}
+    runs = [{"seed": 1, "work": {"model_dir": "m", "task": "t", "prompts": 2, "samples_per_prompt": 8,
+                                 "response_length": 16, "mini_batch_size": 8, "micro_batch_size": 4, "lr": 1e-6,
+                                 "kl_coef": 0.0, "steps": 4, "eval_rows": 8, "eval_every": 4},
+             "hybridflow-megatron": side(300.0, 0.5), "hybridflow-vllm": side(200.0, 0.4), "trl": side(100.0, 0.3)}]
+    text = trl_curve.compare_markdown({"device": "cpu", "date": "d", "commit": "c"}, runs)
+    assert "**3.00x**" in text and "**2.00x**" in text and "0.100 -> 0.500" in text
+    trl_curve.plot_accuracy(runs, tmp_path / "accuracy.png")
+    assert (tmp_path / "accuracy.png").stat().st_size > 1000
