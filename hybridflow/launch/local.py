@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import logging
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import sys
 import uuid
@@ -159,6 +160,11 @@ def launch_ranks(nproc: int, entrypoint: Callable[..., Any] | str, args: Sequenc
         # (seen: 1 launch in 3 on the CI machine, whose DNS lookups time out). The fork server is
         # single-threaded; it imports the entrypoint's module once, so ranks still start without re-importing.
         multiprocessing.get_context("forkserver").set_forkserver_preload([target.__module__])
+        # The fork server imports that module with its own default sys.path (Python 3.12 does not hand it ours)
+        # and skips it silently when it cannot: then every rank imports torch afresh. Start the server here,
+        # with our sys.path on its PYTHONPATH, so the module is found wherever this process found it.
+        with _environ({"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}):
+            multiprocessing.forkserver.ensure_running()
     options = dict(
         min_nodes=1, max_nodes=1, nproc_per_node=nproc,
         run_id=run_id or f"hybridflow-{uuid.uuid4().hex[:8]}",

@@ -64,6 +64,9 @@ def test_all_ranks_run_and_reduce(scenarios):
         assert info["sum"] == 1 + 2 + 3
         assert info["world_size"] == 3 and info["local_rank"] == rank and info["env_rank"] == str(rank)
         assert info["cuda_visible_devices"] == "0,1,2"  # the plan's local GPUs
+        # Forked from a fork server that had already imported the worker module (and torch): no rank
+        # re-imports them, which is what makes a launch take about a second.
+        assert info["module_preloaded"]
 
 
 def test_module_entrypoint_runs_as_python_dash_m(scenarios):
