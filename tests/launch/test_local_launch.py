@@ -17,12 +17,12 @@ from pathlib import Path
 
 import psutil
 import pytest
-from launch_fakes import fake_plan
-from launch_workers import DistCfg
 
 from hybridflow.errors import UserError
 from hybridflow.launch import launch_local
 from hybridflow.launch.local import visible_devices
+from tests.launch.launch_fakes import fake_plan
+from tests.launch.launch_workers import DistCfg
 
 HERE = Path(__file__).resolve().parent
 pytestmark = pytest.mark.slow
