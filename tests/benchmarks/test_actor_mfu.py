@@ -30,7 +30,6 @@ def test_cost_model_flops_by_hand():
     assert cost_model_flops_per_token(TINY, 50) == 3 * forward
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["train", "forward"])
 def test_quick_run_reports_both_mfus(tmp_path, mode):
     out = tmp_path / "mfu.json"

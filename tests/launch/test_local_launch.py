@@ -25,7 +25,6 @@ from tests.launch.launch_fakes import fake_plan
 from tests.launch.launch_workers import DistCfg
 
 HERE = Path(__file__).resolve().parent
-pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
