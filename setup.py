@@ -7,8 +7,11 @@ setup(
     version="0.1.0",
     description="RLHF post-training on megatron-core: per-role meshes, a placement planner, a resharding bridge",
     python_requires=">=3.12",
-    packages=find_packages(include=["hybridflow*", "megatron_adapters*", "benchmarks*"]),
-    include_package_data=True,
+    # benchmarks/ stays in the repository (run as `python -m benchmarks.x` from its root); the Hydra tree conf/
+    # ships inside the wheel as hybridflow/conf (hybridflow.config.load.conf_dir finds either).
+    packages=find_packages(include=["hybridflow*", "megatron_adapters*"]) + ["hybridflow.conf"],
+    package_dir={"hybridflow.conf": "conf"},
+    package_data={"hybridflow.conf": ["*.yaml", "*/*.yaml"]},
     install_requires=[
         # each vLLM release pins its torch (0.20: 2.11, 0.33: 2.14): keep these ranges loose for the [vllm] extra.
         "torch>=2.6",

@@ -31,6 +31,7 @@ from transformers import LlamaConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from hybridflow.launch.ports import free_port  # noqa: E402
 from hybridflow.placement.auto.workload import ModelCostShape  # noqa: E402
 from megatron_adapters.cpu_backend import enable_cpu_backend  # noqa: E402
 from megatron_adapters.model import build_gpt  # noqa: E402
@@ -110,10 +111,13 @@ def cost_model_flops_per_token(cfg: LlamaConfig, seq: int, passes: int = 3) -> f
     return passes * cost_shape(cfg).forward_flops_per_token(seq / 2)
 
 
-def init_single_process(port: int = 29533) -> torch.device:
-    """A one-rank world (nccl on GPU 0, else gloo + the CPU backend); returns the device to compute on."""
+def init_single_process() -> torch.device:
+    """A one-rank world (nccl on GPU 0, else gloo + the CPU backend); returns the device to compute on.
+
+    Its store listens on $MASTER_PORT, else on a port free now (a fixed one collides with any other run).
+    """
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(port))
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     cuda = torch.cuda.is_available()
     dist.init_process_group("nccl" if cuda else "gloo", rank=0, world_size=1)

@@ -78,7 +78,7 @@ def _profile(engine, batch: RolloutBatch, new_tokens: int, device: torch.device,
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    device = init_single_process(port=29534)
+    device = init_single_process()
     on_gpu = device.type == "cuda"
     batches = [int(b) for b in (args.batches or ("2" if args.quick else "64,256")).split(",")]
     prompt = args.prompt or (8 if args.quick else 128)

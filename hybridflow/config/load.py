@@ -7,6 +7,7 @@ import os
 import re
 import typing
 from collections.abc import Sequence
+from importlib import resources
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
@@ -22,9 +23,15 @@ DEFAULT_EXPERIMENT = "tiny_cpu"
 
 
 def conf_dir() -> Path:
-    """The Hydra tree: $HYBRIDFLOW_CONF_DIR, else the repository's conf/."""
+    """The Hydra tree: $HYBRIDFLOW_CONF_DIR, else the installed package's hybridflow/conf (a wheel carries
+    conf/ there), else the source checkout's conf/ (an editable install or PYTHONPATH=<repository>)."""
     env = os.environ.get("HYBRIDFLOW_CONF_DIR")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "conf"
+    if env:
+        return Path(env)
+    packaged = Path(str(resources.files("hybridflow") / "conf"))
+    if (packaged / "config.yaml").is_file():
+        return packaged
+    return Path(__file__).resolve().parents[2] / "conf"
 
 
 def split_argv(

@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import logging
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import sys
 import uuid
@@ -180,6 +181,11 @@ def launch_ranks(nproc: int, entrypoint: Callable[..., Any] | str, args: Sequenc
         # (`fork_server` first: the known warnings of those imports are not printed raw there).
         multiprocessing.get_context("forkserver").set_forkserver_preload(["hybridflow.launch.fork_server",
                                                                           target.__module__])
+        # The fork server imports those modules with its own default sys.path (Python 3.12 does not hand it ours)
+        # and skips them silently when it cannot: then every rank imports torch afresh. Start the server here,
+        # with our sys.path on its PYTHONPATH, so the module is found wherever this process found it.
+        with _environ({"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}):
+            multiprocessing.forkserver.ensure_running()
     if callable(target):  # ranks end when this process dies, even by SIGKILL (hybridflow/launch/lifeline.py)
         target, target_args = run_with_launcher, [os.getpid(), target, *target_args]
     options = dict(

@@ -1,6 +1,9 @@
 """benchmarks/actor_mfu.py: both FLOP conventions by hand, and the CPU smoke run in both modes."""
 
+import contextlib
 import json
+import os
+import socket
 import subprocess
 import sys
 
@@ -30,12 +33,18 @@ def test_cost_model_flops_by_hand():
     assert cost_model_flops_per_token(TINY, 50) == 3 * forward
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["train", "forward"])
 def test_quick_run_reports_both_mfus(tmp_path, mode):
     out = tmp_path / "mfu.json"
-    subprocess.run([sys.executable, "benchmarks/actor_mfu.py", "--quick", "--mode", mode, "--steps", "1",
-                    "--json", str(out)], cwd=REPO, check=True, capture_output=True, timeout=300)
+    # The port it once fixed is taken (as by a concurrent run): the one-rank world must listen elsewhere.
+    with socket.socket() as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # bind even while it is in TIME_WAIT
+        with contextlib.suppress(OSError):  # already listened on by someone else: the same situation
+            taken.bind(("", 29533))
+            taken.listen()
+        env = {k: v for k, v in os.environ.items() if k != "MASTER_PORT"}
+        subprocess.run([sys.executable, "benchmarks/actor_mfu.py", "--quick", "--mode", mode, "--steps", "1",
+                        "--json", str(out)], cwd=REPO, env=env, check=True, capture_output=True, timeout=300)
     result = json.loads(out.read_text())
     assert result["mode"] == mode and result["step_s"] > 0
     # the causal halving makes the planner's count smaller than PaLM's for the same measured time

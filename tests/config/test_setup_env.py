@@ -4,6 +4,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "setup_env.sh"
 
@@ -30,6 +32,9 @@ def test_no_python312_is_a_clear_failure(tmp_path):
 
 
 def test_rerun_in_place_is_a_no_op():
+    if not (REPO / ".venv" / "bin" / "python").exists():
+        # Re-running needs a first run here (CI's does); without one the script would install torch (minutes).
+        pytest.skip("this checkout has no .venv: scripts/setup_env.sh has not run here")
     proc = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "is ready" in proc.stdout or "done" in proc.stdout

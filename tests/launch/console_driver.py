@@ -8,16 +8,14 @@ import sys
 from pathlib import Path
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: hybridflow and tests
     from hybridflow.noise import quiet_known_noise
 
     quiet_known_noise()  # as hybridflow.run does before it imports the rank's modules
-    from launch_fakes import fake_plan
-    from launch_workers import DistCfg
-    from noisy_workers import prints_progress
-
     from hybridflow.launch import launch_local
+    from tests.launch.launch_fakes import fake_plan
+    from tests.launch.launch_workers import DistCfg
+    from tests.launch.noisy_workers import prints_progress
 
     log_dir, port = sys.argv[1], int(sys.argv[2])
     launch_local(fake_plan(1, 2), prints_progress, [port], DistCfg(master_port=port), log_dir)

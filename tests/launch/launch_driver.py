@@ -11,19 +11,17 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: hybridflow and tests
 
-from launch_fakes import fake_plan  # noqa: E402
-from launch_workers import (  # noqa: E402
+from hybridflow.launch import free_port, launch_local  # noqa: E402
+from tests.launch.launch_fakes import fake_plan  # noqa: E402
+from tests.launch.launch_workers import (  # noqa: E402
     DistCfg,
     all_reduce,
     one_rank_hangs,
     one_rank_raises,
     ranks_with_engines,
 )
-
-from hybridflow.launch import free_port, launch_local  # noqa: E402
 
 WORKERS_SCRIPT = str(Path(__file__).resolve().parent / "launch_workers.py")
 

@@ -22,6 +22,10 @@ import torch.distributed as dist  # noqa: E402
 
 from hybridflow.launch import init_distributed  # noqa: E402
 
+# The process that imported this module: a rank forked from a fork server that preloaded it inherits the
+# server's pid here (the launcher's preload worked); a rank that imported it itself has its own pid.
+IMPORTED_BY_PID = os.getpid()
+
 
 @dataclass
 class DistCfg:
@@ -39,7 +43,8 @@ def _record(out_dir: str, launcher, **extra) -> dict:
     info = {"rank": launcher.rank, "world_size": launcher.world_size, "local_rank": launcher.local_rank,
             "node_rank": launcher.node_rank, "nodes": launcher.nodes, "launcher": launcher.launcher,
             "pid": os.getpid(), "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-            "env_rank": os.environ.get("RANK"), **extra}
+            "env_rank": os.environ.get("RANK"),
+            "module_preloaded": IMPORTED_BY_PID != os.getpid(), **extra}
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     Path(out_dir, f"rank{launcher.rank}.json").write_text(json.dumps(info))
     return info

@@ -6,9 +6,8 @@ from __future__ import annotations
 import sys
 import warnings
 
-from launch_workers import DistCfg
-
 from hybridflow.launch import init_distributed
+from tests.launch.launch_workers import DistCfg
 
 warnings.warn("Apex is not installed. Falling back to Torch Norm", stacklevel=1)
 

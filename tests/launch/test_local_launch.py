@@ -17,15 +17,14 @@ from pathlib import Path
 
 import psutil
 import pytest
-from launch_fakes import fake_plan
-from launch_workers import DistCfg
 
 from hybridflow.errors import UserError
 from hybridflow.launch import launch_local
 from hybridflow.launch.local import visible_devices
+from tests.launch.launch_fakes import fake_plan
+from tests.launch.launch_workers import DistCfg
 
 HERE = Path(__file__).resolve().parent
-pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +63,9 @@ def test_all_ranks_run_and_reduce(scenarios):
         assert info["sum"] == 1 + 2 + 3
         assert info["world_size"] == 3 and info["local_rank"] == rank and info["env_rank"] == str(rank)
         assert info["cuda_visible_devices"] == "0,1,2"  # the plan's local GPUs
+        # Forked from a fork server that had already imported the worker module (and torch): no rank
+        # re-imports them, which is what makes a launch take about a second.
+        assert info["module_preloaded"]
 
 
 def test_module_entrypoint_runs_as_python_dash_m(scenarios):

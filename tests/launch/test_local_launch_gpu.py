@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from launch_fakes import fake_plan
-from launch_workers import DistCfg, all_reduce
 
 from hybridflow.launch import free_port, launch_local
+from tests.launch.launch_fakes import fake_plan
+from tests.launch.launch_workers import DistCfg, all_reduce
 
 pytestmark = pytest.mark.gpu
 

@@ -15,10 +15,10 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from slurm_cluster import INSTALL_HINT, SlurmCluster, missing_binaries
 
 from hybridflow.launch import free_port
 from hybridflow.sbatch import render_for_experiment
+from tests.launch.slurm_cluster import INSTALL_HINT, SlurmCluster, missing_binaries
 
 REPO = Path(__file__).resolve().parents[2]
 NODES, PER_NODE = 2, 2

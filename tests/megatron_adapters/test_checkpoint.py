@@ -5,7 +5,6 @@ TP changes float reduction order, so across layouts the check is the HF toleranc
 state round-trips (and old-format checkpoints load), and roles that global rank 0 does not hold save and load.
 """
 
-import pytest
 import torch
 import torch.distributed as dist
 
@@ -37,7 +36,6 @@ def _reshard_rank(hf_dir, ckpt_dir, ids):
     return out
 
 
-@pytest.mark.slow
 def test_tp2pp2_checkpoint_loads_at_tp1_and_tp4(tmp_path):
     model = save_tiny_model("qwen2", tmp_path / "hf", seed=3)  # tied embeddings: the tricky PP case
     vocab = model.config.vocab_size
@@ -132,7 +130,6 @@ def _resume_rank(ckpt_dir):
     return saved, _adam_state(optimizer), straight, train(chunks, optimizer, 2), legacy
 
 
-@pytest.mark.slow
 def test_optimizer_state_round_trips_and_resumed_steps_match_bit_for_bit(tmp_path):
     for saved, loaded, straight, resumed, legacy in run_distributed(_resume_rank, 2, args=(str(tmp_path),)):
         assert len({state["step_id"] for state in loaded}) == len(loaded)  # Adam advances each step itself
@@ -201,7 +198,6 @@ def _split_roles_rank(ckpt_dir):
     return name, lr, fresh, saved, loaded
 
 
-@pytest.mark.slow
 def test_roles_off_rank0_save_and_load_weights_and_optimizer_state(tmp_path):
     results = run_distributed(_split_roles_rank, 4, args=(str(tmp_path),))
     assert [r[0] for r in results[:3]] == ["actor", "critic", "critic"] and results[3] is None

@@ -19,7 +19,6 @@ def _tensors(path):
     return {k: v for f in files for k, v in load_file(path / f).items()}
 
 
-@pytest.mark.slow
 def test_cli_roundtrip_is_bit_exact(tmp_path, capfd):  # capfd: the launcher's ranks write to real fds
     save_tiny_model("qwen2", tmp_path / "hf", seed=11)
     assert (
@@ -81,7 +80,6 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     assert err.startswith("error: --ckpt:")
 
 
-@pytest.mark.slow
 def test_bad_input_found_inside_a_rank_is_one_line_and_exit_2(tmp_path, capfd):
     save_tiny_model("qwen2", tmp_path / "hf", seed=11)
     (tmp_path / "hf" / "model.safetensors").unlink()  # config.json passes the parent's checks; loading fails

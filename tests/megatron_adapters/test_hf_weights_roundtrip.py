@@ -2,7 +2,6 @@
 
 import json
 
-import pytest
 import torch
 import torch.distributed as dist
 from safetensors.torch import load_file
@@ -34,7 +33,6 @@ def _all_tensors(path):
     return tensors
 
 
-@pytest.mark.slow
 def test_roundtrip_is_bit_exact(tmp_path):
     from transformers import AutoModelForCausalLM
 

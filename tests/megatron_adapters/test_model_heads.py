@@ -38,7 +38,6 @@ def _heads_rank(reward_dir, causal_dir, ids):
     return out
 
 
-@pytest.mark.slow
 def test_reward_head_matches_hf_and_value_head_is_scalar(tmp_path):
     hf = save_tiny_model("llama", tmp_path / "rm", seed=9, head="score")
     save_tiny_model("llama", tmp_path / "lm", seed=10)

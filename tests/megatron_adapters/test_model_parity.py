@@ -80,7 +80,6 @@ def _parity_rank(cases, layouts):
     return report
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("world_size", [1, 2, 4, EIGHT_GPUS])
 def test_logits_match_hf(hf_models, world_size):
     reports = [

@@ -194,7 +194,6 @@ def _reference(target, cfg, state, tg, tp_rank):
     return reference_native_shard(cfg, state, tg, tp_rank)
 
 
-@pytest.mark.slow
 def test_bridge_output_is_bit_exact_for_every_layout_pair(results):
     models, per_rank, *_ = results
     for i, (model, tp, pp, tg, placement, target) in enumerate(_cases()):
@@ -220,7 +219,6 @@ def test_bridge_output_is_bit_exact_for_every_layout_pair(results):
             assert all(torch.equal(rebuilt[n], state[n]) for n in state), (model, tp, pp, tg)
 
 
-@pytest.mark.slow
 def test_bytes_moved_equal_hybridflow_optimum(results):
     models, per_rank, *_ = results
     for i, (model, tp, pp, tg, placement, target) in enumerate(_cases()):
@@ -260,7 +258,6 @@ def test_bytes_moved_equal_hybridflow_optimum(results):
             assert WORLD * optimal <= sum(measured) <= WORLD * optimal * 1.25
 
 
-@pytest.mark.slow
 def test_real_megatron_actor_feeds_the_bridge(results):
     models, per_rank, *_ = results
     cfg, state = models["llama_gqa"]
@@ -271,7 +268,6 @@ def test_real_megatron_actor_feeds_the_bridge(results):
         assert all(torch.equal(dst[n], want[n]) for n in want), rank
 
 
-@pytest.mark.slow
 def test_peak_extra_memory_is_one_bucket_plus_largest_shard(results):
     _, per_rank, *_ = results
     for rank in range(WORLD):
@@ -282,7 +278,6 @@ def test_peak_extra_memory_is_one_bucket_plus_largest_shard(results):
         assert peak <= (1 << 20) + largest
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("tp", [1, 2])
 def test_export_vllm_shards_from_megatron_checkpoint(results, tmp_path, tp):
     from safetensors.torch import load_file
