@@ -4,7 +4,9 @@ A tensor-parallel LM head leaves each TP rank with logits for its slice of the (
 `[..., vocab_padded / tp]`. Token log-probabilities come from megatron-core's vocab-parallel cross entropy
 (`-CE = logprob`); the entropy uses the same max / sum-exp reductions over the TP group. Both are
 differentiable (the PPO policy loss and the entropy bonus back-propagate through them) and equal on every
-rank of the TP group.
+rank of the TP group. With a TP group of one the same quantities come from plain log-softmax pieces
+(`local_token_logprobs`): megatron's kernel would still make three all-reduces and, through a boolean-mask
+index, a device-to-host sync per call, the per-micro-batch overhead a small model feels most.
 """
 
 from __future__ import annotations
@@ -39,11 +41,26 @@ def token_logprobs(
         raise ValueError(f"temperature: {temperature} must be > 0; use 1.0 for the model's own distribution")
     # Division makes a new fp32 tensor: megatron's cross entropy works in place on its input.
     scaled = logits.float() / temperature
+    if tp_group.size() == 1:
+        return local_token_logprobs(scaled, targets, with_entropy)
     ce_input = scaled.clone() if with_entropy else scaled
     logprobs = -vocab_parallel_cross_entropy(ce_input, targets, tp_group=tp_group)
     if not with_entropy:
         return logprobs
     return logprobs, vocab_parallel_entropy(scaled, tp_group)
+
+
+def local_token_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, with_entropy: bool = False
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """`token_logprobs` when one rank holds the whole vocabulary: log p = z_target - log Z, entropy
+    log Z - sum_v p_v z_v. No collective, no host read; autograd keeps the logits and the probabilities."""
+    log_z = torch.logsumexp(logits, dim=-1)
+    logprobs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_z
+    if not with_entropy:
+        return logprobs
+    probs = (logits - log_z.unsqueeze(-1)).exp()
+    return logprobs, log_z - (probs * logits).sum(-1)
 
 
 def vocab_parallel_entropy(logits: torch.Tensor, tp_group: dist.ProcessGroup) -> torch.Tensor:

@@ -70,3 +70,37 @@ def test_tp2_logprobs_and_entropy_match_full_vocab_reference():
     grads = torch.cat([r["grad"] for r in sorted(results, key=lambda r: r["rank"])], dim=-1)
     torch.testing.assert_close(grads, grad, rtol=1e-4, atol=1e-5)
     assert torch.all(grads[..., VOCAB:] == 0)  # padding ids get no probability and no gradient
+
+
+def _one_rank(temperature: float) -> dict:
+    """TP1: values and grads, plus the collectives and host reads one call makes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from megatron_adapters.logprobs import token_logprobs
+    from megatron_adapters.process_groups import build_role_groups
+
+    pgs = build_role_groups([0], tp=1, pp=1, dp=1)
+    full = _full_logits().requires_grad_()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        logprobs, entropy = token_logprobs(full, _targets(), pgs.tp, temperature=temperature, with_entropy=True)
+        only_logprobs = token_logprobs(full.detach(), _targets(), pgs.tp, temperature=temperature)
+    w_logprob, w_entropy = _weights()
+    (logprobs * w_logprob + entropy * w_entropy).sum().backward()
+    events = prof.key_averages()
+    return {"logprobs": logprobs.detach(), "entropy": entropy.detach(), "grad": full.grad,
+            "only_logprobs": only_logprobs,
+            "collectives": sum(e.count for e in events if e.key.startswith("c10d::")),
+            "host_reads": sum(e.count for e in events if e.key == "aten::_local_scalar_dense")}
+
+
+def test_tp1_logprobs_and_entropy_match_reference_without_collectives_or_host_reads():
+    temperature = 0.7
+    (result,) = run_distributed(_one_rank, world_size=1, args=(temperature,))
+    logprobs, entropy, grad = _reference(temperature)
+    torch.testing.assert_close(result["logprobs"], logprobs, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(result["only_logprobs"], logprobs, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(result["entropy"], entropy, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(result["grad"], grad, rtol=1e-4, atol=1e-5)
+    assert torch.all(result["grad"][..., VOCAB:] == 0)
+    # megatron's vocab-parallel kernel makes 3 all-reduces (+1 for the entropy) and a boolean-index sync
+    assert result["collectives"] == 0 and result["host_reads"] == 0
