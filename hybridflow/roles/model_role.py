@@ -127,10 +127,12 @@ class ModelRole:
         if self.max_tokens_per_micro_batch and "seq_lens" in tensors:
             packed = self._packed_micro_batches(tensors)
             return [{k: v.to(device, non_blocking=True) for k, v in mb.items()} for mb in packed]
+        # One copy per tensor, then views: a copy per micro-batch and tensor is a host-to-device transfer
+        # (from pageable memory, synchronous with the host) each, hundreds per pass for a small model.
+        on_device = {k: v.to(device, non_blocking=True) for k, v in tensors.items()}
         rows = next(iter(tensors.values())).shape[0]
         size = min(self.micro_batch_size, rows)
-        return [{k: v[i : i + size].to(device, non_blocking=True) for k, v in tensors.items()}
-                for i in range(0, rows, size)]
+        return [{k: v[i : i + size] for k, v in on_device.items()} for i in range(0, rows, size)]
 
     def _packed_micro_batches(self, tensors: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
         seq_lens = tensors["seq_lens"]
@@ -169,8 +171,9 @@ class ModelRole:
         keys = sorted(totals)
         packed = torch.stack([totals[k].reshape(()) for k in keys]).to(compute_device())
         torch.distributed.all_reduce(packed, group=self.groups.dp)
-        tokens = packed[keys.index("num_tokens")].clamp(min=1)
-        means = {k: float(packed[i] / tokens) for i, k in enumerate(keys) if k != "num_tokens"}
+        values = packed.tolist()  # one host read for all the metrics
+        tokens = max(values[keys.index("num_tokens")], 1.0)
+        means = {k: values[i] / tokens for i, k in enumerate(keys) if k != "num_tokens"}
         return {**means, **stats}
 
 
