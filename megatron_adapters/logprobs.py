@@ -39,10 +39,12 @@ def token_logprobs(
     """
     if temperature <= 0:
         raise ValueError(f"temperature: {temperature} must be > 0; use 1.0 for the model's own distribution")
+    if tp_group.size() == 1:
+        if not torch.is_grad_enabled() and logits.dim() > 2:
+            return _in_row_chunks(logits, targets, temperature, with_entropy)
+        return local_token_logprobs(logits.float() / temperature, targets, with_entropy)
     # Division makes a new fp32 tensor: megatron's cross entropy works in place on its input.
     scaled = logits.float() / temperature
-    if tp_group.size() == 1:
-        return local_token_logprobs(scaled, targets, with_entropy)
     ce_input = scaled.clone() if with_entropy else scaled
     logprobs = -vocab_parallel_cross_entropy(ce_input, targets, tp_group=tp_group)
     if not with_entropy:
@@ -61,6 +63,23 @@ def local_token_logprobs(
         return logprobs
     probs = (logits - log_z.unsqueeze(-1)).exp()
     return logprobs, log_z - (probs * logits).sum(-1)
+
+
+# Forward-only passes take log-probs this many tokens at a time: their fp32 copies of the logits stay
+# small next to the model-dtype logits of a large forward micro-batch (roles.<role>.forward_max_tokens).
+CHUNK_TOKENS = 4096
+
+
+def _in_row_chunks(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """`local_token_logprobs` over groups of rows of `[b, s, v]` logits (no autograd: nothing is kept)."""
+    step = max(1, CHUNK_TOKENS // logits.shape[1])
+    parts = [local_token_logprobs(logits[i : i + step].float() / temperature, targets[i : i + step], with_entropy)
+             for i in range(0, logits.shape[0], step)]
+    if not with_entropy:
+        return torch.cat(parts)
+    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
 
 def vocab_parallel_entropy(logits: torch.Tensor, tp_group: dist.ProcessGroup) -> torch.Tensor:

@@ -104,3 +104,21 @@ def test_tp1_logprobs_and_entropy_match_reference_without_collectives_or_host_re
     assert torch.all(result["grad"][..., VOCAB:] == 0)
     # megatron's vocab-parallel kernel makes 3 all-reduces (+1 for the entropy) and a boolean-index sync
     assert result["collectives"] == 0 and result["host_reads"] == 0
+
+
+def _chunked(temperature: float) -> dict:
+    from megatron_adapters import logprobs as lp
+    from megatron_adapters.process_groups import build_role_groups
+
+    pgs = build_role_groups([0], tp=1, pp=1, dp=1)
+    lp.CHUNK_TOKENS = 10  # 2 rows of 5 tokens per chunk: chunks of 2, 1 rows
+    with torch.no_grad():
+        return dict(zip(("logprobs", "entropy"), lp.token_logprobs(
+            _full_logits(), _targets(), pgs.tp, temperature=temperature, with_entropy=True), strict=True))
+
+
+def test_tp1_forward_only_in_row_chunks_matches_reference():
+    (result,) = run_distributed(_chunked, world_size=1, args=(0.7,))
+    logprobs, entropy, _ = _reference(0.7)
+    torch.testing.assert_close(result["logprobs"], logprobs, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(result["entropy"], entropy, rtol=1e-5, atol=1e-5)
