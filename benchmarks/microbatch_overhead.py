@@ -11,7 +11,8 @@ backend): `ModelRole.forward` with `per_token_logprobs` (what reference and old 
 one optimizer step per update). Each figure is the median over `--repeats` passes, divided by the pass's
 micro-batch count; the overhead is the intercept of the line through the per-micro-batch times of the two
 smallest sizes against their rows (what a micro-batch costs beyond its tokens; the time at size 1 bounds
-it). The optimizer step is timed on its own.
+it). The optimizer step is timed on its own, and the forward pass once more as a run sizes it by default
+(`roles.<role>.forward_max_tokens` over `--seq`, micro_batch_size 1).
 
 Host syncs per pass: the count of `aten::_local_scalar_dense` (every `.item()` / `float()` / `int()` of a
 tensor) and of collectives in a torch.profiler trace; on CUDA also the synchronising operations that
@@ -39,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.actor_mfu import init_single_process  # noqa: E402
 from hybridflow.algorithms import build_algorithm, build_kl_controller  # noqa: E402
 from hybridflow.config import ExperimentConfig  # noqa: E402
+from hybridflow.config.parallel import RoleConfig  # noqa: E402
 from hybridflow.data.step_batch import StepBatch  # noqa: E402
 from hybridflow.placement import RoleMesh  # noqa: E402
 from hybridflow.roles.model_role import ModelRole, OptimizerSettings, build_model_role, per_token_logprobs  # noqa: E402
@@ -192,6 +194,21 @@ def measure(actor: ModelRole, trainer: RLTrainer, batch: StepBatch, mbs: int, ar
     return row
 
 
+def budgeted_forward(actor: ModelRole, trainer: RLTrainer, batch: StepBatch, args) -> dict:
+    """The forward pass as a run sizes it by default: `roles.<role>.forward_max_tokens` over the width."""
+    budget = RoleConfig().forward_max_tokens
+    actor.micro_batch_size = 1
+    actor.forward_micro_batch_size = RoleConfig(micro_batch_size=1).forward_micro_batch_size(args.seq)
+    forward = per_token_logprobs(actor, 1.0)
+    actor.model.eval()
+    try:
+        seconds = timed(lambda: trainer._infer("actor", batch, lambda r: forward), args.repeats)
+        count = len(actor.micro_batches(batch.tensors(), actor.forward_micro_batch_size))
+    finally:
+        actor.forward_micro_batch_size = 0
+    return {"forward_max_tokens": budget, "micro_batches": count, "forward_pass_s": seconds}
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
     device = init_single_process()
@@ -207,6 +224,7 @@ def main(argv=None) -> dict:
     trainer = grpo_trainer(actor, mesh, args.rows)
     batch = step_batch(args.rows, args.seq, args.prompt, shape["vocab_size"])
     rows = [measure(actor, trainer, batch, mbs, args) for mbs in args.micro_batch_sizes]
+    budget = budgeted_forward(actor, trainer, batch, args)
     result = {
         "device": torch.cuda.get_device_name(0) if on_gpu else "cpu",
         "torch_threads": torch.get_num_threads(),
@@ -216,6 +234,7 @@ def main(argv=None) -> dict:
         "forward_backward_overhead_ms": overhead_fit(
             [(r["micro_batch_size"], r["forward_backward_ms"]) for r in rows]),
         "micro_batch_sizes": rows,
+        "budgeted_forward": budget,
     }
     print_table(result)
     if args.json:
@@ -239,6 +258,9 @@ def print_table(result: dict) -> None:
                 print(f"     {name}: {r[name]['cuda_sync_warnings']} CUDA sync warnings")
             for key, count, ms in r[name].get("top_ops", []):
                 print(f"     {name} {key:<50} {count:>6} {ms:>9.2f} ms")
+    b = result["budgeted_forward"]
+    print(f"forward pass at forward_max_tokens={b['forward_max_tokens']}: {b['micro_batches']} micro-batches, "
+          f"{b['forward_pass_s'] * 1e3:.1f} ms")
     print(f"overhead per micro-batch (intercept): forward {result['forward_overhead_ms']:.2f} ms, "
           f"forward+backward {result['forward_backward_overhead_ms']:.2f} ms")
 

@@ -26,4 +26,6 @@ def test_tiny_cpu_run_times_every_size_and_counts_syncs(tmp_path):
         assert r["forward_ms"] > 0 and r["forward_backward_ms"] > 0 and r["optimizer_step_ms"] > 0
         # the update ends in an optimizer step whose gradient norm is a host read, and DDP reduces grads
         assert r["update_syncs"]["item_calls"] >= 1 and r["update_syncs"]["collectives"] >= 1
+    # the default budget (16384 tokens) over 32-token rows takes all 8 rows in one forward micro-batch
+    assert result["budgeted_forward"]["micro_batches"] == 1 and result["budgeted_forward"]["forward_pass_s"] > 0
     assert result["forward_overhead_ms"] == overhead_fit([(1, sizes[0]["forward_ms"]), (4, sizes[1]["forward_ms"])])
