@@ -42,7 +42,7 @@ def token_logprobs(
     if tp_group.size() == 1:
         if not torch.is_grad_enabled() and logits.dim() > 2:
             return _in_row_chunks(logits, targets, temperature, with_entropy)
-        return local_token_logprobs(logits.float() / temperature, targets, with_entropy)
+        return local_token_logprobs(fp32_scaled(logits, temperature), targets, with_entropy)
     # Division makes a new fp32 tensor: megatron's cross entropy works in place on its input.
     scaled = logits.float() / temperature
     ce_input = scaled.clone() if with_entropy else scaled
@@ -65,6 +65,15 @@ def local_token_logprobs(
     return logprobs, log_z - (probs * logits).sum(-1)
 
 
+def fp32_scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """`logits.float() / temperature` with one full-vocabulary fp32 tensor, not two: a bf16 input's fp32 copy
+    is divided in place (the cast's backward needs neither tensor); an fp32 input is never written to."""
+    scaled = logits.float()
+    if temperature == 1.0:
+        return scaled
+    return scaled / temperature if scaled is logits else scaled.div_(temperature)
+
+
 # Forward-only passes take log-probs this many tokens at a time: their fp32 copies of the logits stay
 # small next to the model-dtype logits of a large forward micro-batch (roles.<role>.forward_max_tokens).
 CHUNK_TOKENS = 4096
@@ -75,7 +84,8 @@ def _in_row_chunks(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """`local_token_logprobs` over groups of rows of `[b, s, v]` logits (no autograd: nothing is kept)."""
     step = max(1, CHUNK_TOKENS // logits.shape[1])
-    parts = [local_token_logprobs(logits[i : i + step].float() / temperature, targets[i : i + step], with_entropy)
+    parts = [local_token_logprobs(fp32_scaled(logits[i : i + step], temperature), targets[i : i + step],
+                                  with_entropy)
              for i in range(0, logits.shape[0], step)]
     if not with_entropy:
         return torch.cat(parts)

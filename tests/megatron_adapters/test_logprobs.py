@@ -122,3 +122,19 @@ def test_tp1_forward_only_in_row_chunks_matches_reference():
     logprobs, entropy, _ = _reference(0.7)
     torch.testing.assert_close(result["logprobs"], logprobs, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(result["entropy"], entropy, rtol=1e-5, atol=1e-5)
+
+
+def test_fp32_scaled_divides_a_bf16_copy_in_place_and_never_writes_fp32_logits():
+    from megatron_adapters.logprobs import fp32_scaled
+
+    full = _full_logits()
+    kept = full.clone()
+    torch.testing.assert_close(fp32_scaled(full, 0.7), kept / 0.7)
+    assert torch.equal(full, kept)  # the model's own fp32 output is untouched
+    bf16 = _full_logits().bfloat16().requires_grad_()
+    out = fp32_scaled(bf16, 0.7)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, bf16.detach().float() / 0.7)
+    w = torch.randn(out.shape, generator=torch.Generator().manual_seed(4))
+    (out * w).sum().backward()  # the in-place division keeps a correct gradient
+    torch.testing.assert_close(bf16.grad.float(), (w / 0.7).bfloat16().float())
