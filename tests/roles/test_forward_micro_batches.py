@@ -18,9 +18,9 @@ def test_rows_per_forward_micro_batch_follow_the_budget():
 
 
 def _forward(hf_dir: str, budgets: tuple[int, ...]) -> dict:
+    from hybridflow.placement import RoleMesh
     from hybridflow.roles import model_role
     from hybridflow.roles.model_role import build_model_role, per_token_logprobs, per_token_values
-    from hybridflow.placement import RoleMesh
     from megatron_adapters.process_groups import build_role_groups
 
     groups = build_role_groups([0], tp=1, pp=1, dp=1)
