@@ -75,6 +75,8 @@ def _inherit_ref_parallel(cfg: ExperimentConfig) -> None:
         cfg.roles.ref.micro_batch_size = cfg.roles.actor.micro_batch_size
     if cfg.roles.ref.max_tokens_per_micro_batch is None:
         cfg.roles.ref.max_tokens_per_micro_batch = cfg.roles.actor.max_tokens_per_micro_batch
+    if cfg.roles.ref.forward_max_tokens is None:
+        cfg.roles.ref.forward_max_tokens = cfg.roles.actor.forward_max_tokens
     for role in ROLES:
         par = cfg.roles.get(role).parallel
         for name in ("tp", "pp", "sequence_parallel"):

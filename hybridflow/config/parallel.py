@@ -51,6 +51,11 @@ class RoleConfig:
     # tokens (no padding) instead of `micro_batch_size` rows. 0 = off. None = off, except ref's default:
     # the actor's value.
     max_tokens_per_micro_batch: int | None = bounded(None, ge=0)
+    # Forward-only passes (reference and old log-probs, values, rewards) on padded rows run
+    # `forward_micro_batch_size(data.seq_length)` rows per micro-batch: this token budget over the sequence
+    # length, at least `micro_batch_size` (the update keeps `micro_batch_size`). 0 = `micro_batch_size`.
+    # None = ref's default: the actor's value.
+    forward_max_tokens: int | None = bounded(16384, ge=0)
     offload_optimizer: bool = False
     # With offload_optimizer: the share of the optimizer (fp32 master params + Adam states) megatron's
     # HybridDeviceOptimizer keeps and steps on the host (OptimizerConfig.optimizer_offload_fraction; 1.0 =
@@ -59,15 +64,21 @@ class RoleConfig:
     # "none" | "selective" (attention core recomputed, Korthikanti et al.) | "full" (whole layer)
     activation_recompute: str = bounded("selective", choices=RECOMPUTE_MODES)
 
+    def forward_micro_batch_size(self, seq_length: int) -> int:
+        """Rows per forward-only micro-batch of padded `seq_length`-token rows (see `forward_max_tokens`)."""
+        return max(self.micro_batch_size, (self.forward_max_tokens or 0) // seq_length)
+
 
 @dataclass
 class RolesConfig:
     actor: RoleConfig = field(default_factory=RoleConfig)
     critic: RoleConfig = field(default_factory=RoleConfig)
-    # ref's unset parallel fields and micro-batch inherit the actor's (same model, usually the same GPUs).
+    # ref's unset parallel fields, micro-batch and token budgets inherit the actor's (same model, usually the
+    # same GPUs).
     ref: RoleConfig = field(
         default_factory=lambda: RoleConfig(parallel=ParallelConfig(tp=None, pp=None, sequence_parallel=None),
-                                           micro_batch_size=None, max_tokens_per_micro_batch=None)
+                                           micro_batch_size=None, max_tokens_per_micro_batch=None,
+                                           forward_max_tokens=None)
     )
     reward: RoleConfig = field(default_factory=lambda: RoleConfig(enabled=False))
     rollout: RoleConfig = field(default_factory=RoleConfig)

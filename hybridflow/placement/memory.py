@@ -22,7 +22,10 @@ Parts and the rules used (P = parameters held by the GPU: its pipeline stage's s
                input (h) per layer plus one layer's full activations while it is recomputed.
                Training (1F1B): stage p holds min(pp - p, n_microbatches) micro-batches of its L/pp layers.
                The LM head's fp32 logits add N x V_padded / t x 4 bytes on the last stage (actor, ref), N the
-               micro-batch's tokens. Forward-only roles (ref, reward) keep one layer's activations plus the logits.
+               micro-batch's tokens. Forward-only roles (ref, reward) keep one layer's activations plus the logits,
+               for micro-batches of max(micro_batch_size, forward_max_tokens // seq_length) padded rows
+               (`roles.<role>.forward_max_tokens`); trained roles take the larger of that forward pass
+               (old log-probs, values) and their update.
                Micro-batch shape: N = micro_batch_size x data.seq_length (padded rows), s = data.seq_length,
                n_microbatches = mini_batch_size / (dp x micro_batch_size). With sequence packing
                (`roles.<role>.max_tokens_per_micro_batch` = B > 0; ref's unset value is the actor's) a
@@ -230,15 +233,21 @@ def _activation_bytes(
     # rows x row_tokens, in this order, keeps unpacked figures bit-identical to the mbs x seq form.
     seq, mbs = shape.row_tokens, shape.rows
     per_layer = activation_bytes_per_token_layer(model, shape.attention_span, tp, sp, role_cfg.activation_recompute)
-    logits = seq * mbs * padded_vocab(model, tp) // tp * 4 if role in (Role.ACTOR, Role.REF) and stage == pp - 1 else 0
+    lm_head = role in (Role.ACTOR, Role.REF) and stage == pp - 1
+    logits = seq * mbs * padded_vocab(model, tp) // tp * 4 if lm_head else 0
+    # Forward-only passes (ref / old log-probs, values, rewards) of padded rows run
+    # forward_micro_batch_size rows (`roles.<role>.forward_max_tokens`); packed ones the packed shape.
+    fwd_rows = mbs if token_budget(cfg, role) else max(mbs, role_cfg.forward_micro_batch_size(cfg.data.seq_length))
+    fwd_logits = seq * fwd_rows * padded_vocab(model, tp) // tp * 4 if lm_head else 0
     if role not in TRAINED_ROLES:
-        return int(per_layer * seq * mbs) + logits
+        return int(per_layer * seq * fwd_rows) + fwd_logits
     full_layer = activation_bytes_per_token_layer(model, shape.attention_span, tp, sp, "selective")
+    forward_only = int(full_layer * seq * fwd_rows) + fwd_logits  # no grad: nothing recomputed, one layer live
     in_flight = min(pp - stage, shape.count)
     activations = per_layer * seq * mbs * (model.num_hidden_layers // pp) * in_flight
     if role_cfg.activation_recompute == "full":
         activations += full_layer * seq * mbs  # the layer being recomputed
-    return int(activations) + logits
+    return max(int(activations) + logits, forward_only)
 
 
 def kv_bytes_per_token(model: ModelConfig, tp: int, pp: int, dtype: str) -> int:

@@ -66,6 +66,8 @@ class ModelRole:
     extra: dict = field(default_factory=dict)
     # Sequence packing (`roles.<role>.max_tokens_per_micro_batch`): 0 = fixed `micro_batch_size` rows.
     max_tokens_per_micro_batch: int = 0
+    # Rows per forward-only micro-batch of padded rows (`RoleConfig.forward_micro_batch_size`); 0 = micro_batch_size.
+    forward_micro_batch_size: int = 0
 
     def save_hf(self, out_dir: str | Path, hf_dir: str | Path) -> None:
         """Write this role's model as an HF checkpoint in `out_dir`, its config.json taken from `hf_dir`.
@@ -114,8 +116,11 @@ class ModelRole:
         per_replica = batch_size // self.mesh.dp
         return slice(self.dp_rank * per_replica, (self.dp_rank + 1) * per_replica)
 
-    def micro_batches(self, tensors: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
-        """This replica's rows cut into micro-batches on the compute device (the step's batch lives on CPU).
+    def micro_batches(
+        self, tensors: dict[str, torch.Tensor], max_rows: int = 0
+    ) -> list[dict[str, torch.Tensor]]:
+        """This replica's rows cut into micro-batches on the compute device (the step's batch lives on CPU):
+        as few as hold at most `max_rows` (default `micro_batch_size`) rows each, of equal size but the last.
 
         With a token budget and the rows' true lengths (`seq_lens`), micro-batches are packed (see
         hybridflow.data.packing); every replica of the role then runs as many micro-batches as the one that
@@ -127,10 +132,13 @@ class ModelRole:
         if self.max_tokens_per_micro_batch and "seq_lens" in tensors:
             packed = self._packed_micro_batches(tensors)
             return [{k: v.to(device, non_blocking=True) for k, v in mb.items()} for mb in packed]
+        # One copy per tensor, then views: a copy per micro-batch and tensor is a host-to-device transfer
+        # (from pageable memory, synchronous with the host) each, hundreds per pass for a small model.
+        on_device = {k: v.to(device, non_blocking=True) for k, v in tensors.items()}
         rows = next(iter(tensors.values())).shape[0]
-        size = min(self.micro_batch_size, rows)
-        return [{k: v[i : i + size].to(device, non_blocking=True) for k, v in tensors.items()}
-                for i in range(0, rows, size)]
+        count = -(-rows // min(max_rows or self.micro_batch_size, rows))
+        size = -(-rows // count)  # 256 rows at most 85 a piece: 4 x 64, not 3 x 85 + 1
+        return [{k: v[i : i + size] for k, v in on_device.items()} for i in range(0, rows, size)]
 
     def _packed_micro_batches(self, tensors: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
         seq_lens = tensors["seq_lens"]
@@ -144,12 +152,13 @@ class ModelRole:
 
     @torch.no_grad()
     def forward(self, tensors: dict[str, torch.Tensor], per_token: PerToken) -> torch.Tensor:
-        """Forward-only over this replica's rows; the per-token result [rows, T] on every rank of the role."""
+        """Forward-only over this replica's rows, `forward_micro_batch_size` rows per micro-batch (or packed);
+        the per-token result [rows, T] on every rank of the role."""
 
         def keep(output, mb):
             return output.new_zeros(()), {"out": per_token(output, mb)}
 
-        micro = self.micro_batches(tensors)
+        micro = self.micro_batches(tensors, self.forward_micro_batch_size)
         metrics = run_forward_backward([self.model], self.groups, micro, keep, forward_only=True)
         if not is_packed(micro[0]):
             return torch.cat([m["out"] for m in metrics])
@@ -169,8 +178,9 @@ class ModelRole:
         keys = sorted(totals)
         packed = torch.stack([totals[k].reshape(()) for k in keys]).to(compute_device())
         torch.distributed.all_reduce(packed, group=self.groups.dp)
-        tokens = packed[keys.index("num_tokens")].clamp(min=1)
-        means = {k: float(packed[i] / tokens) for i, k in enumerate(keys) if k != "num_tokens"}
+        values = packed.tolist()  # one host read for all the metrics
+        tokens = max(values[keys.index("num_tokens")], 1.0)
+        means = {k: values[i] / tokens for i, k in enumerate(keys) if k != "num_tokens"}
         return {**means, **stats}
 
 
@@ -212,12 +222,14 @@ def build_model_role(
     optimizer: OptimizerSettings | None = None,
     seed: int = 0,
     max_tokens_per_micro_batch: int = 0,
+    forward_micro_batch_size: int = 0,
     **config_overrides,
 ) -> ModelRole:
     """Build this rank's stage of `hf_dir`, load its weights, and (for trained roles) DDP + optimizer.
 
     `config_overrides` are TransformerConfig fields (see `role_config_overrides`); a positive
-    `max_tokens_per_micro_batch` packs micro-batches by that token budget."""
+    `max_tokens_per_micro_batch` packs micro-batches by that token budget; `forward_micro_batch_size` rows
+    (0: `micro_batch_size`) make a forward-only micro-batch of padded rows."""
     seed_role_rng(seed, groups)
     model = build_gpt(hf_dir, groups, head=head, dtype=dtype, **config_overrides)
     if torch.cuda.is_available():
@@ -225,7 +237,8 @@ def build_model_role(
     load_hf_weights(model, hf_dir)
     if optimizer is None:
         return ModelRole(name, mesh, groups, model, micro_batch_size,
-                         max_tokens_per_micro_batch=max_tokens_per_micro_batch)
+                         max_tokens_per_micro_batch=max_tokens_per_micro_batch,
+                         forward_micro_batch_size=forward_micro_batch_size)
     if optimizer.offload_optimizer and is_cpu_backend_enabled():
         # On the CPU backend the optimizer already runs in host memory: offloading is meaningless.
         optimizer = dataclasses.replace(optimizer, offload_optimizer=False)
@@ -233,7 +246,8 @@ def build_model_role(
     ddp = wrap_for_training([model], groups, use_distributed_optimizer=optimizer.use_distributed_optimizer)
     opt = build_optimizer(ddp, groups, optimizer, precision)
     return ModelRole(name, mesh, groups, ddp[0], micro_batch_size, opt,
-                     max_tokens_per_micro_batch=max_tokens_per_micro_batch)
+                     max_tokens_per_micro_batch=max_tokens_per_micro_batch,
+                     forward_micro_batch_size=forward_micro_batch_size)
 
 
 def copy_weights(src: ModelRole | None, dst: ModelRole | None, via_dir: Path, hf_dir: str) -> None:

@@ -100,7 +100,8 @@ def build_run(cfg: ExperimentConfig, plan: Plan, work_dir: Path) -> BuiltRun:
             role, meshes[role], groups[role], model_dirs[role], HEADS[role], DTYPES[cfg.role_model(role).dtype],
             role_cfg.micro_batch_size,
             optimizer=settings if trained else None, seed=cfg.trainer.seed,
-            max_tokens_per_micro_batch=role_cfg.max_tokens_per_micro_batch or 0, **overrides,
+            max_tokens_per_micro_batch=role_cfg.max_tokens_per_micro_batch or 0,
+            forward_micro_batch_size=role_cfg.forward_micro_batch_size(cfg.data.seq_length), **overrides,
         )
 
     sampling = rollout_sampling(cfg, tokenizer)

@@ -70,3 +70,71 @@ def test_tp2_logprobs_and_entropy_match_full_vocab_reference():
     grads = torch.cat([r["grad"] for r in sorted(results, key=lambda r: r["rank"])], dim=-1)
     torch.testing.assert_close(grads, grad, rtol=1e-4, atol=1e-5)
     assert torch.all(grads[..., VOCAB:] == 0)  # padding ids get no probability and no gradient
+
+
+def _one_rank(temperature: float) -> dict:
+    """TP1: values and grads, plus the collectives and host reads one call makes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from megatron_adapters.logprobs import token_logprobs
+    from megatron_adapters.process_groups import build_role_groups
+
+    pgs = build_role_groups([0], tp=1, pp=1, dp=1)
+    full = _full_logits().requires_grad_()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        logprobs, entropy = token_logprobs(full, _targets(), pgs.tp, temperature=temperature, with_entropy=True)
+        only_logprobs = token_logprobs(full.detach(), _targets(), pgs.tp, temperature=temperature)
+    w_logprob, w_entropy = _weights()
+    (logprobs * w_logprob + entropy * w_entropy).sum().backward()
+    events = prof.key_averages()
+    return {"logprobs": logprobs.detach(), "entropy": entropy.detach(), "grad": full.grad,
+            "only_logprobs": only_logprobs,
+            "collectives": sum(e.count for e in events if e.key.startswith("c10d::")),
+            "host_reads": sum(e.count for e in events if e.key == "aten::_local_scalar_dense")}
+
+
+def test_tp1_logprobs_and_entropy_match_reference_without_collectives_or_host_reads():
+    temperature = 0.7
+    (result,) = run_distributed(_one_rank, world_size=1, args=(temperature,))
+    logprobs, entropy, grad = _reference(temperature)
+    torch.testing.assert_close(result["logprobs"], logprobs, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(result["only_logprobs"], logprobs, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(result["entropy"], entropy, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(result["grad"], grad, rtol=1e-4, atol=1e-5)
+    assert torch.all(result["grad"][..., VOCAB:] == 0)
+    # megatron's vocab-parallel kernel makes 3 all-reduces (+1 for the entropy) and a boolean-index sync
+    assert result["collectives"] == 0 and result["host_reads"] == 0
+
+
+def _chunked(temperature: float) -> dict:
+    from megatron_adapters import logprobs as lp
+    from megatron_adapters.process_groups import build_role_groups
+
+    pgs = build_role_groups([0], tp=1, pp=1, dp=1)
+    lp.CHUNK_TOKENS = 10  # 2 rows of 5 tokens per chunk: chunks of 2, 1 rows
+    with torch.no_grad():
+        return dict(zip(("logprobs", "entropy"), lp.token_logprobs(
+            _full_logits(), _targets(), pgs.tp, temperature=temperature, with_entropy=True), strict=True))
+
+
+def test_tp1_forward_only_in_row_chunks_matches_reference():
+    (result,) = run_distributed(_chunked, world_size=1, args=(0.7,))
+    logprobs, entropy, _ = _reference(0.7)
+    torch.testing.assert_close(result["logprobs"], logprobs, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(result["entropy"], entropy, rtol=1e-5, atol=1e-5)
+
+
+def test_fp32_scaled_divides_a_bf16_copy_in_place_and_never_writes_fp32_logits():
+    from megatron_adapters.logprobs import fp32_scaled
+
+    full = _full_logits()
+    kept = full.clone()
+    torch.testing.assert_close(fp32_scaled(full, 0.7), kept / 0.7)
+    assert torch.equal(full, kept)  # the model's own fp32 output is untouched
+    bf16 = _full_logits().bfloat16().requires_grad_()
+    out = fp32_scaled(bf16, 0.7)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, bf16.detach().float() / 0.7)
+    w = torch.randn(out.shape, generator=torch.Generator().manual_seed(4))
+    (out * w).sum().backward()  # the in-place division keeps a correct gradient
+    torch.testing.assert_close(bf16.grad.float(), (w / 0.7).bfloat16().float())

@@ -23,6 +23,9 @@ def cfg8b():
             "algorithm.mini_batch_size=64",
             "roles.actor.activation_recompute=selective",
             "roles.actor.offload_optimizer=false",
+            # forward passes at micro_batch_size rows: the figures below are the update's
+            "roles.actor.forward_max_tokens=0",
+            "roles.reward.forward_max_tokens=0",
         ],
     )
 

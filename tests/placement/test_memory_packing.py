@@ -79,7 +79,8 @@ def test_ref_takes_the_actors_budget_unless_set():
     # Forward only: one layer's activations plus the logits, for the packed row.
     assert ref.activations == SELECTIVE * 6004 + 6004 * V_TP4
     off = cfg8b("roles.actor.max_tokens_per_micro_batch=6002", "roles.ref.max_tokens_per_micro_batch=0")
-    assert estimate_role_memory(off.model, "ref", Dims(4, 1, 2), off).activations == SELECTIVE * 2048 + 2048 * V_TP4
+    # unpacked forward passes: forward_max_tokens (default 16384) / seq 2048 = 8 rows of 2048 tokens
+    assert estimate_role_memory(off.model, "ref", Dims(4, 1, 2), off).activations == SELECTIVE * 16384 + 16384 * V_TP4
 
 
 def test_budget_zero_is_the_padded_estimate():
@@ -92,9 +93,11 @@ def test_budget_zero_is_the_padded_estimate():
 def test_sft_warm_up_keeps_the_padded_shape_for_the_actor():
     # tiny_cpu: actor mbs 8 x seq 32 = 256 padded tokens; packing at 24 tokens (= the longest sample) is
     # smaller, but the warm-up (warmup_sft_steps 8) still trains on the padded rows.
-    warm = load_experiment("tiny_cpu", ["roles.actor.max_tokens_per_micro_batch=24"])
-    cold = load_experiment("tiny_cpu", ["roles.actor.max_tokens_per_micro_batch=24", "trainer.warmup_sft_steps=0"])
-    padded = load_experiment("tiny_cpu", [])
+    # (forward passes at micro_batch_size rows: the padded run's forward micro-batches would be larger)
+    fwd = "roles.actor.forward_max_tokens=0"
+    warm = load_experiment("tiny_cpu", ["roles.actor.max_tokens_per_micro_batch=24", fwd])
+    cold = load_experiment("tiny_cpu", ["roles.actor.max_tokens_per_micro_batch=24", "trainer.warmup_sft_steps=0", fwd])
+    padded = load_experiment("tiny_cpu", [fwd])
     dims = Dims(2, 1, 2)
     assert actor(warm, dims) == actor(padded, dims)
     assert actor(cold, dims).activations < actor(padded, dims).activations
