@@ -117,13 +117,13 @@ for s in "${stages[@]}"; do
         # with the native engine, with rollout=vllm, and TRL; one /tmp/curve/compare.json across calls (the machine
         # keeps /tmp while it stays warm), archived whole into curve.tar.gz after each.
         case "$s" in
-        smollm2) sides=(--sides hybridflow) ;;
+        smollm2) sides=(--sides hybridflow --) ;;
         smollm2-vllm) sides=(--sides hybridflow -- rollout=vllm) ;;
-        trl-curve) sides=(--sides trl) ;;
+        trl-curve) sides=(--sides trl --) ;;
         esac
-        # shellcheck disable=SC2086  # CURVE_ARGS is a list of flags (no "--")
+        # shellcheck disable=SC2086  # CURVE_ARGS: trl_curve's flags; CURVE_OVERRIDES: hydra overrides
         stage "$s" "${CURVE_S:-540}" python3 -m benchmarks.trl_curve --out /tmp/curve --seeds "${SEEDS:-1}" \
-            ${CURVE_ARGS:-} "${sides[@]}"
+            ${CURVE_ARGS:-} "${sides[@]}" ${CURVE_OVERRIDES:-}
         tar -czf "$out/curve.tar.gz" -C /tmp --exclude='checkpoints' --exclude='final_hf' --exclude='tensorboard' \
             --exclude='*.safetensors' curve ;;
     *) echo "unknown stage $s (use gpu-tests, decode, throughput, trl, calibrate, vllm-generate, packing, smollm2," \

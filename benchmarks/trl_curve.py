@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 from dataclasses import asdict, replace
@@ -97,6 +98,7 @@ def run_seed(args: argparse.Namespace, cfg: ExperimentConfig, extra: list[str], 
         run_dir = out / f"{name}_s{seed}"
         cmd = hybridflow_command(args.experiment, work, run_dir, extra)
         print(f"{name}:", " ".join(cmd[1:]), flush=True)
+        shutil.rmtree(run_dir, ignore_errors=True)  # a failed earlier try would add its records to metrics.jsonl
         subprocess.run(cmd, cwd=REPO_ROOT, check=True)
         result[name] = {"command": " ".join(cmd[1:]), **hybridflow_result(run_dir, work),
                         "framework": f"hybridflow ({cfg.rollout.engine} rollout)"}

@@ -170,7 +170,10 @@ def run_trl(work: SharedWork, output_dir: str) -> dict:
     score = {"char_match": char_match, "gsm8k": gsm8k_score}[work.reward]
     tokenizer = AutoTokenizer.from_pretrained(work.model_dir)
     on_gpu = torch.cuda.is_available()
-    model = AutoModelForCausalLM.from_pretrained(work.model_dir, dtype=torch.bfloat16 if on_gpu else torch.float32)
+    # fp32 weights, bf16 autocast (GRPOConfig bf16=True): the Trainer's mixed precision, as hybridflow keeps fp32
+    # master weights. Loaded in bf16, AdamW's ~lr-sized updates (1e-6..1e-5) round away against bf16 weights
+    # (spacing ~1e-4 at |w| ~ 0.02): on the H200 (2026-12-04) such a TRL run did not learn at all.
+    model = AutoModelForCausalLM.from_pretrained(work.model_dir, dtype=torch.float32)
     tokens_per_rl_step: list[int] = []
 
     def answer_reward(prompts, completions, completion_ids, answer, **_):

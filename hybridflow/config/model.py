@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from hybridflow.config.bounds import bounded
+from hybridflow.config.bounds import bounded, check_bounds
 from hybridflow.errors import UserError
 
 CAUSAL_LM_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
@@ -76,6 +76,7 @@ def apply_hf_checkpoint(model: ModelConfig, field: str) -> ModelConfig:
 def _resolve_checkpoint(model: ModelConfig, field: str) -> ModelConfig:
     if model.packaged is None and model.keep_layers is None:
         return model
+    check_bounds(model, f"{field}.")  # the user's own values (keep_layers >= 1) before anything is made from them
     # Imported only here: the cache converts with transformers, which plain configs never need.
     from hybridflow.model_cache import first_layers, packaged_checkpoint
 
