@@ -9,11 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 from transformers import PreTrainedTokenizerBase
 
 from hybridflow.algorithms import build_algorithm, build_kl_controller
 from hybridflow.config import MODEL_ROLES, TRAINED_ROLES, ExperimentConfig
+from hybridflow.config.model import torch_dtype
 from hybridflow.data import PromptDataset, load_prompt_dataset, load_tokenizer
 from hybridflow.data.vocabulary import stop_token_ids
 from hybridflow.errors import UserError
@@ -35,7 +35,6 @@ from hybridflow.trainer.rewarding import build_scorer
 from hybridflow.trainer.rl_trainer import TRIM_MULTIPLE, RLTrainer
 from megatron_adapters.cpu_backend import compute_device
 
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
 HEADS = {"actor": "lm", "ref": "lm", "critic": "value", "reward": "reward"}
 
 
@@ -97,7 +96,7 @@ def build_run(cfg: ExperimentConfig, plan: Plan, work_dir: Path) -> BuiltRun:
                 f"or roles.{role}.parallel.sequence_parallel=false"
             )
         roles[role] = build_model_role(
-            role, meshes[role], groups[role], model_dirs[role], HEADS[role], DTYPES[cfg.role_model(role).dtype],
+            role, meshes[role], groups[role], model_dirs[role], HEADS[role], torch_dtype(cfg.role_model(role).dtype),
             role_cfg.micro_batch_size,
             optimizer=settings if trained else None, seed=cfg.trainer.seed,
             max_tokens_per_micro_batch=role_cfg.max_tokens_per_micro_batch or 0,
@@ -113,7 +112,7 @@ def build_run(cfg: ExperimentConfig, plan: Plan, work_dir: Path) -> BuiltRun:
             gpu_memory_utilization=cfg.rollout.gpu_memory_utilization, sleep_level=cfg.rollout.sleep_level,
             seed=cfg.trainer.seed, seed_mode=cfg.rollout.seed_mode, engine_args=cfg.rollout.engine_args,
         )
-    rollout = build_rollout_role(meshes["rollout"], groups["rollout"], reshard_plan, hf_dir, DTYPES[rollout_dtype],
+    rollout = build_rollout_role(meshes["rollout"], groups["rollout"], reshard_plan, hf_dir, torch_dtype(rollout_dtype),
                                  sampling, device, vllm_spec, timeout_s=cfg.distributed.timeout_s)
     rollout.sync(roles.get("actor"))  # the engine starts from the actor's weights, through the bridge
     alg = cfg.algorithm
