@@ -9,6 +9,8 @@ from pathlib import Path
 from hybridflow.config.bounds import bounded
 from hybridflow.errors import UserError
 
+# The same set as the keys of megatron_adapters.model.SUPPORTED_ARCHITECTURES (which may not import config);
+# tests/megatron_adapters/test_model_heads.py fails when they differ.
 CAUSAL_LM_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
 # A critic or reward model may come from a sequence-classification checkpoint (its `score` head is loaded).
 SUPPORTED_ARCHITECTURES = (*CAUSAL_LM_ARCHITECTURES,
