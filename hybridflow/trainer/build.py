@@ -13,6 +13,7 @@ from transformers import PreTrainedTokenizerBase
 
 from hybridflow.algorithms import build_algorithm, build_kl_controller
 from hybridflow.config import MODEL_ROLES, TRAINED_ROLES, ExperimentConfig
+from hybridflow.config.experiment import lr_decay_steps
 from hybridflow.config.model import torch_dtype
 from hybridflow.data import PromptDataset, load_prompt_dataset, load_tokenizer
 from hybridflow.data.vocabulary import stop_token_ids
@@ -34,6 +35,18 @@ from hybridflow.trainer.model_files import ensure_model_files, role_model_dirs
 from hybridflow.trainer.rewarding import build_scorer
 from hybridflow.trainer.rl_trainer import TRIM_MULTIPLE, RLTrainer
 from megatron_adapters.cpu_backend import compute_device
+
+
+def optimizer_settings(cfg: ExperimentConfig, role: str, offload_share: float) -> OptimizerSettings:
+    """A trained role's optimizer knobs from `trainer.*` (lr, its schedule, clipping) and the planner's
+    offload share (0 = no offload)."""
+    tr = cfg.trainer
+    lr = tr.critic_lr or tr.lr if role == "critic" else tr.lr
+    return OptimizerSettings(lr=lr, weight_decay=tr.weight_decay, grad_clip=tr.grad_clip,
+                             lr_warmup_steps=tr.lr_warmup_steps, lr_decay_style=tr.lr_decay_style,
+                             lr_decay_steps=lr_decay_steps(cfg), min_lr=tr.min_lr,
+                             offload_optimizer=offload_share > 0, offload_fraction=offload_share or 1.0)
+
 
 HEADS = {"actor": "lm", "ref": "lm", "critic": "value", "reward": "reward"}
 
@@ -78,11 +91,9 @@ def build_run(cfg: ExperimentConfig, plan: Plan, work_dir: Path) -> BuiltRun:
         if groups[role] is None:
             absent_from_role(trained)
             continue
-        lr = cfg.trainer.critic_lr or cfg.trainer.lr if role == "critic" else cfg.trainer.lr
         role_cfg = cfg.roles.get(role)
-        share = plan.offload_fractions.get(role, 0.0)  # the planner resolved an unset offload_fraction
-        settings = OptimizerSettings(lr=lr, weight_decay=cfg.trainer.weight_decay, grad_clip=cfg.trainer.grad_clip,
-                                     offload_optimizer=share > 0, offload_fraction=share or 1.0)
+        # the planner resolved an unset offload_fraction
+        settings = optimizer_settings(cfg, role, plan.offload_fractions.get(role, 0.0))
         tp = meshes[role].tp
         overrides = role_config_overrides(trained, tp, role_cfg.activation_recompute,
                                           bool(role_cfg.parallel.sequence_parallel))
