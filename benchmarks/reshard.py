@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from hybridflow.config.model import DTYPES, torch_dtype  # noqa: E402
 from megatron_adapters.bridge import (  # noqa: E402  (after the repo-root path fix-up)
     GenerationLayout,
     TargetFormat,
@@ -43,7 +44,6 @@ SHAPES = {
     "8b": ModelShape("llama", 4096, 32, 32, 8, 128, 14336, 128256, False, False),
     "tiny": ModelShape("llama", 64, 2, 8, 2, 8, 128, 1000, False, False),
 }
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def _init_distributed(device: torch.device) -> None:
@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> dict:
         torch.cuda.set_device(device)
     _init_distributed(device)
     world = dist.get_world_size()
-    shape, dtype = SHAPES[args.shape], DTYPES[args.dtype]
+    shape, dtype = SHAPES[args.shape], torch_dtype(args.dtype)
     ranks = tuple(range(world))
     dp = world // (args.train_tp * args.train_pp)
     plan = build_reshard_plan(

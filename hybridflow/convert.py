@@ -23,10 +23,11 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from hybridflow.config.model import torch_dtype
 from hybridflow.errors import cli_errors
 from hybridflow.launch.ports import free_port
 
-DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+CONVERT_DTYPES = ("fp32", "bf16")  # the config dtypes (hybridflow.config.model.DTYPES) convert writes
 CONVERT_TIMEOUT_S = 1800  # collectives of a large checkpoint's conversion may take minutes
 
 
@@ -50,7 +51,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
             p.add_argument("--pp", type=int, default=1, help="pipeline-parallel ranks to convert with")
         p.add_argument(
             "--dtype",
-            choices=["auto", *DTYPES],
+            choices=["auto", *CONVERT_DTYPES],
             default="auto",
             help="weight dtype (auto: the source's config.json dtype, else fp32)",
         )
@@ -65,7 +66,7 @@ def _dtype(name: str, hf_config):
         return (
             source if isinstance(source, torch.dtype) else getattr(torch, str(source).removeprefix("torch."))
         )
-    return getattr(torch, DTYPES[name])
+    return torch_dtype(name)
 
 
 def _validate(args: argparse.Namespace):

@@ -24,7 +24,8 @@ from transformers import AutoConfig, PretrainedConfig
 from megatron_adapters.packed_rotary import is_thd, per_token_rotary, with_host_offsets
 from megatron_adapters.specs import HOST_OFFSET_SPECS, layer_spec, resolve_spec_name
 
-# HF `architectures[0]` -> family. The *ForSequenceClassification forms are reward models.
+# HF `architectures[0]` -> family. The *ForSequenceClassification forms are reward models. Its keys must equal
+# hybridflow.config.model.SUPPORTED_ARCHITECTURES (what the planner accepts); a test ties the two.
 SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "LlamaForCausalLM": "llama",
     "LlamaForSequenceClassification": "llama",

@@ -188,6 +188,9 @@ def build_optimizer(
     config = OptimizerConfig(
         optimizer="adam",
         lr=settings.lr,
+        # every param group carries its own min_lr (None unless set here), which the scheduler reads before
+        # its own: left unset, any decaying style fails on its first step past the warm-up
+        min_lr=settings.min_lr,
         weight_decay=settings.weight_decay,
         adam_beta1=settings.adam_beta1,
         adam_beta2=settings.adam_beta2,

@@ -2,8 +2,8 @@
 
 Each algorithm is an advantage estimator, a policy loss, an optional reward shaping and an optional batch
 filter, all small config objects built from the typed config here. What an algorithm needs from the rest of
-the run (a critic, groups of samples, a loss aggregation) is checked at load time from
-hybridflow.config.algorithm.ALGORITHM_NEEDS, which names the same algorithms.
+the run (a critic, groups of samples, a loss aggregation) is stated once, in
+hybridflow.config.algorithm.ALGORITHM_NEEDS (which names the same algorithms), and checked at load time.
 """
 
 from __future__ import annotations
@@ -35,10 +35,6 @@ class Algorithm:
     policy_loss: PolicyLoss
     shaping: OverlongPenalty | None = None
     group_filter: DropUniformGroups | None = None
-
-    @property
-    def needs_critic(self) -> bool:
-        return self.estimator.needs_values
 
 
 def _token_clip(cfg: ExperimentConfig) -> TokenClip:

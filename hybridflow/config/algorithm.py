@@ -22,7 +22,8 @@ class AlgorithmNeeds:
     shapes_overlong: bool = False  # reads algorithm.overlong_buffer
 
 
-# hybridflow.algorithms.registry builds exactly these names and agrees on `critic` (a test checks both).
+# The one statement of what each algorithm needs (the critic included); hybridflow.algorithms.registry builds
+# exactly these names, with a value-reading estimator (GAE) exactly where `critic` is true (a test checks both).
 ALGORITHM_NEEDS = {
     "ppo": AlgorithmNeeds(critic=True, groups=False),
     "grpo": AlgorithmNeeds(critic=False, groups=True),

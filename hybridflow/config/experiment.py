@@ -63,7 +63,34 @@ def finalize_experiment(cfg: ExperimentConfig) -> ExperimentConfig:
 
     _check_algorithm_roles(cfg)
     _check_lengths(cfg)
+    _check_lr_schedule(cfg)
     return cfg
+
+
+def rl_optimizer_steps(cfg: ExperimentConfig) -> int:
+    """Optimizer steps of the RL run: ppo_epochs x mini-batches per step, times trainer.total_steps."""
+    samples = cfg.data.train_batch_size * cfg.rollout.n_samples_per_prompt
+    return cfg.trainer.total_steps * cfg.algorithm.ppo_epochs * (samples // cfg.algorithm.mini_batch_size)
+
+
+def lr_decay_steps(cfg: ExperimentConfig) -> int:
+    """trainer.lr_decay_steps, or the RL run's optimizer steps when unset."""
+    return cfg.trainer.lr_decay_steps or max(rl_optimizer_steps(cfg), 1)
+
+
+def _check_lr_schedule(cfg: ExperimentConfig) -> None:
+    tr = cfg.trainer
+    if tr.lr_decay_style == "constant":
+        return
+    for name, lr in (("lr", tr.lr), ("critic_lr", tr.critic_lr)):
+        if lr is not None and tr.min_lr > lr:
+            raise UserError(f"trainer.min_lr: {tr.min_lr} exceeds trainer.{name}={lr}; the {tr.lr_decay_style} "
+                            f"decay goes from {name} down to min_lr, so set min_lr <= {lr}")
+    decay = lr_decay_steps(cfg)
+    if decay <= tr.lr_warmup_steps:
+        raise UserError(f"trainer.lr_decay_steps: {decay} does not exceed trainer.lr_warmup_steps="
+                        f"{tr.lr_warmup_steps}; the decay ends after the warm-up, so set lr_decay_steps > "
+                        f"{tr.lr_warmup_steps} (or lower the warm-up)")
 
 
 def _inherit_ref_parallel(cfg: ExperimentConfig) -> None:

@@ -9,11 +9,14 @@ from pathlib import Path
 from hybridflow.config.bounds import bounded, check_bounds
 from hybridflow.errors import UserError
 
+# The same set as the keys of megatron_adapters.model.SUPPORTED_ARCHITECTURES (which may not import config);
+# tests/megatron_adapters/test_model_heads.py fails when they differ.
 CAUSAL_LM_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
 # A critic or reward model may come from a sequence-classification checkpoint (its `score` head is loaded).
 SUPPORTED_ARCHITECTURES = (*CAUSAL_LM_ARCHITECTURES,
                            *(a.replace("ForCausalLM", "ForSequenceClassification") for a in CAUSAL_LM_ARCHITECTURES))
-DTYPES = ("bf16", "fp32", "fp16")
+# Config's dtype names -> their full names, which are both torch's attribute names and vLLM's `dtype` values.
+DTYPES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 
@@ -38,7 +41,7 @@ class ModelConfig:
     # cache; it sets `path`. `keep_layers`: run only the checkpoint's first k layers (a cached cut copy).
     packaged: str | None = None
     keep_layers: int | None = bounded(None, ge=1)
-    dtype: str = bounded("bf16", choices=DTYPES)
+    dtype: str = bounded("bf16", choices=tuple(DTYPES))
 
     @property
     def head_dim(self) -> int:
@@ -47,6 +50,14 @@ class ModelConfig:
     @property
     def dtype_bytes(self) -> int:
         return DTYPE_BYTES[self.dtype]
+
+
+def torch_dtype(name: str):
+    """The `torch.dtype` of a config dtype name ('bf16' -> torch.bfloat16); torch is imported only here, so
+    config stays importable without it."""
+    import torch
+
+    return getattr(torch, DTYPES[name])
 
 
 # HF config.json keys that carry our shape fields (Qwen2 sets attention bias implicitly).

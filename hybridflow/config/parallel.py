@@ -22,6 +22,7 @@ ROLES = tuple(Role)  # canonical order: actor, critic, ref, reward, rollout
 MODEL_ROLES = (Role.ACTOR, Role.CRITIC, Role.REF, Role.REWARD)  # roles that hold a megatron model
 TRAINED_ROLES = (Role.ACTOR, Role.CRITIC)  # roles with an optimizer
 VALUE_HEAD_ROLES = (Role.CRITIC, Role.REWARD)  # roles whose model ends in a scalar head, not the LM head
+# What each mode sets in megatron: hybridflow.roles.model_role.RECOMPUTE_OVERRIDES (same keys; a test ties them).
 RECOMPUTE_MODES = ("none", "selective", "full")
 
 

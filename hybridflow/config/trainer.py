@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from hybridflow.config.bounds import bounded
 
 BACKENDS = ("auto", "nccl", "gloo")
+LR_DECAY_STYLES = ("constant", "linear", "cosine")  # megatron OptimizerParamScheduler styles we expose
 
 
 @dataclass
@@ -15,6 +16,14 @@ class TrainerConfig:
     seed: int = bounded(1234, ge=0)
     lr: float = bounded(1e-6, gt=0, lt=1)
     critic_lr: float | None = bounded(None, gt=0, lt=1)  # None = lr
+    # The lr schedule of the trained roles (megatron's OptimizerParamScheduler), counted in optimizer steps
+    # (ppo_epochs x mini-batches per RL step; the supervised warm-up's steps count too): a linear warm-up from 0
+    # over lr_warmup_steps, then `lr_decay_style` from lr (critic_lr) down to min_lr at lr_decay_steps
+    # (None = the RL run's optimizer steps). The default is a constant lr.
+    lr_warmup_steps: int = bounded(0, ge=0)
+    lr_decay_style: str = bounded("constant", choices=LR_DECAY_STYLES)
+    lr_decay_steps: int | None = bounded(None, ge=1)
+    min_lr: float = bounded(0.0, ge=0, lt=1)
     weight_decay: float = bounded(0.0, ge=0)
     grad_clip: float = bounded(1.0, ge=0)  # 0 = no clipping
     warmup_sft_steps: int = bounded(0, ge=0)

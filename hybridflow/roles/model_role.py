@@ -40,7 +40,8 @@ from megatron_adapters.specs import resolve_spec_name
 # `roles.<role>.activation_recompute` -> megatron-core TransformerConfig fields. "selective" keeps megatron's
 # default recompute_modules=["core_attn"]: attention.py checkpoints whatever core-attention module the spec
 # holds (our SdpaCoreAttention included), so it needs no Transformer Engine. "full" recomputes every layer
-# from its input (uniform, one layer per checkpoint).
+# from its input (uniform, one layer per checkpoint). Keys: exactly hybridflow.config.parallel.RECOMPUTE_MODES
+# (tests/roles/test_role_runtime_config.py ties them).
 RECOMPUTE_OVERRIDES: dict[str, dict] = {
     "none": {},
     "selective": {"recompute_granularity": "selective"},

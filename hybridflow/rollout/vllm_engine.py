@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from hybridflow.config.model import DTYPES
 from hybridflow.errors import UserError
 from hybridflow.placement import RoleMesh
 from hybridflow.rollout.base import RolloutBatch, SamplingParams
@@ -43,7 +44,6 @@ RESERVED_ENGINE_ARGS = frozenset(
 # Defaults rollout.engine_args may override. processed_logprobs = log_softmax(logits / temperature), which is
 # what RolloutBatch.logprobs promises as long as top-k/top-p are off (see `sampling_kwargs`).
 DEFAULT_ENGINE_ARGS: dict[str, Any] = {"skip_tokenizer_init": True, "logprobs_mode": "processed_logprobs"}
-VLLM_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 SLEEP_TAGS = ("weights", "kv_cache")
 PER_BATCH_NOTE = ("rollout: seed_mode=per_batch: vLLM samples from one generator per engine, so a resumed run "
                   "does not repeat its samples bit for bit; rollout.seed_mode=per_request does (~15% slower "
@@ -86,8 +86,8 @@ def engine_kwargs(spec: VllmEngineSpec, known_args: Iterable[str] | None = None,
             f"rollout.engine_args.gpu_memory_utilization: {gmu} contradicts rollout.gpu_memory_utilization="
             f"{spec.gpu_memory_utilization}; set only rollout.gpu_memory_utilization"
         )
-    if spec.dtype not in VLLM_DTYPES:
-        raise UserError(f"rollout.dtype: {spec.dtype!r} is not one of {sorted(VLLM_DTYPES)}")
+    if spec.dtype not in DTYPES:
+        raise UserError(f"rollout.dtype: {spec.dtype!r} is not one of {sorted(DTYPES)}")
     if spec.sleep_level not in (1, 2):
         raise UserError(f"rollout.sleep_level: {spec.sleep_level} is not 1 or 2")
     if spec.seed_mode not in ("per_batch", "per_request"):
@@ -100,7 +100,7 @@ def engine_kwargs(spec: VllmEngineSpec, known_args: Iterable[str] | None = None,
         "distributed_executor_backend": "external_launcher",
         "enable_sleep_mode": True,
         "load_format": "dummy",
-        "dtype": VLLM_DTYPES[spec.dtype],
+        "dtype": DTYPES[spec.dtype],  # vLLM takes the full names
         "gpu_memory_utilization": spec.gpu_memory_utilization,
         # every TP rank runs its own scheduler and sampler; identical seeds keep them in lockstep
         "seed": engine_seed(spec.seed, dp_rank),

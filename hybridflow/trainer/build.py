@@ -9,11 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 from transformers import PreTrainedTokenizerBase
 
 from hybridflow.algorithms import build_algorithm, build_kl_controller
 from hybridflow.config import MODEL_ROLES, TRAINED_ROLES, ExperimentConfig
+from hybridflow.config.experiment import lr_decay_steps
+from hybridflow.config.model import torch_dtype
 from hybridflow.data import PromptDataset, load_prompt_dataset, load_tokenizer
 from hybridflow.data.vocabulary import stop_token_ids
 from hybridflow.errors import UserError
@@ -35,7 +36,18 @@ from hybridflow.trainer.rewarding import build_scorer
 from hybridflow.trainer.rl_trainer import TRIM_MULTIPLE, RLTrainer
 from megatron_adapters.cpu_backend import compute_device
 
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
+
+def optimizer_settings(cfg: ExperimentConfig, role: str, offload_share: float) -> OptimizerSettings:
+    """A trained role's optimizer knobs from `trainer.*` (lr, its schedule, clipping) and the planner's
+    offload share (0 = no offload)."""
+    tr = cfg.trainer
+    lr = tr.critic_lr or tr.lr if role == "critic" else tr.lr
+    return OptimizerSettings(lr=lr, weight_decay=tr.weight_decay, grad_clip=tr.grad_clip,
+                             lr_warmup_steps=tr.lr_warmup_steps, lr_decay_style=tr.lr_decay_style,
+                             lr_decay_steps=lr_decay_steps(cfg), min_lr=tr.min_lr,
+                             offload_optimizer=offload_share > 0, offload_fraction=offload_share or 1.0)
+
+
 HEADS = {"actor": "lm", "ref": "lm", "critic": "value", "reward": "reward"}
 
 
@@ -79,11 +91,9 @@ def build_run(cfg: ExperimentConfig, plan: Plan, work_dir: Path) -> BuiltRun:
         if groups[role] is None:
             absent_from_role(trained)
             continue
-        lr = cfg.trainer.critic_lr or cfg.trainer.lr if role == "critic" else cfg.trainer.lr
         role_cfg = cfg.roles.get(role)
-        share = plan.offload_fractions.get(role, 0.0)  # the planner resolved an unset offload_fraction
-        settings = OptimizerSettings(lr=lr, weight_decay=cfg.trainer.weight_decay, grad_clip=cfg.trainer.grad_clip,
-                                     offload_optimizer=share > 0, offload_fraction=share or 1.0)
+        # the planner resolved an unset offload_fraction
+        settings = optimizer_settings(cfg, role, plan.offload_fractions.get(role, 0.0))
         tp = meshes[role].tp
         overrides = role_config_overrides(trained, tp, role_cfg.activation_recompute,
                                           bool(role_cfg.parallel.sequence_parallel))
@@ -97,7 +107,7 @@ def build_run(cfg: ExperimentConfig, plan: Plan, work_dir: Path) -> BuiltRun:
                 f"or roles.{role}.parallel.sequence_parallel=false"
             )
         roles[role] = build_model_role(
-            role, meshes[role], groups[role], model_dirs[role], HEADS[role], DTYPES[cfg.role_model(role).dtype],
+            role, meshes[role], groups[role], model_dirs[role], HEADS[role], torch_dtype(cfg.role_model(role).dtype),
             role_cfg.micro_batch_size,
             optimizer=settings if trained else None, seed=cfg.trainer.seed,
             max_tokens_per_micro_batch=role_cfg.max_tokens_per_micro_batch or 0,
@@ -113,7 +123,7 @@ def build_run(cfg: ExperimentConfig, plan: Plan, work_dir: Path) -> BuiltRun:
             gpu_memory_utilization=cfg.rollout.gpu_memory_utilization, sleep_level=cfg.rollout.sleep_level,
             seed=cfg.trainer.seed, seed_mode=cfg.rollout.seed_mode, engine_args=cfg.rollout.engine_args,
         )
-    rollout = build_rollout_role(meshes["rollout"], groups["rollout"], reshard_plan, hf_dir, DTYPES[rollout_dtype],
+    rollout = build_rollout_role(meshes["rollout"], groups["rollout"], reshard_plan, hf_dir, torch_dtype(rollout_dtype),
                                  sampling, device, vllm_spec, timeout_s=cfg.distributed.timeout_s)
     rollout.sync(roles.get("actor"))  # the engine starts from the actor's weights, through the bridge
     alg = cfg.algorithm

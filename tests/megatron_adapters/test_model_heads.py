@@ -4,6 +4,7 @@ import pytest
 import torch
 from transformers import LlamaConfig
 
+from hybridflow.config import model as config_model
 from megatron_adapters.model import (
     SUPPORTED_ARCHITECTURES,
     build_gpt,
@@ -84,3 +85,10 @@ def test_bad_inputs_name_the_field():
     with pytest.raises(ValueError, match="^head: 'policy' is not a head"):
         build_gpt(LlamaConfig(**LLAMA), pg_collection=None, head="policy")
     assert "MistralForCausalLM" in SUPPORTED_ARCHITECTURES
+
+
+def test_config_accepts_exactly_the_architectures_megatron_adapters_builds():
+    # megatron_adapters never imports hybridflow, so the two lists are tied here: a family added to one side only
+    # would either be refused at plan time though it builds, or planned and then refused when the model is built.
+    assert set(config_model.SUPPORTED_ARCHITECTURES) == set(SUPPORTED_ARCHITECTURES)
+    assert len(config_model.SUPPORTED_ARCHITECTURES) == len(SUPPORTED_ARCHITECTURES)

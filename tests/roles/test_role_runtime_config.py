@@ -11,11 +11,17 @@ import pytest
 import torch
 
 import hybridflow.roles.model_role as model_role
+from hybridflow.config.parallel import RECOMPUTE_MODES
 from hybridflow.roles.model_role import RECOMPUTE_OVERRIDES, role_config_overrides
 from tests.distributed_harness import run_distributed
 from tests.megatron_adapters.tiny_hf_models import save_tiny_model, token_batch
 
 RECOMPUTE_FIELDS = ("recompute_granularity", "recompute_method", "recompute_num_layers")
+
+
+def test_every_configurable_recompute_mode_has_overrides_and_no_other():
+    # config (which may not import roles) owns the names the planner accepts; roles owns what each one means
+    assert tuple(RECOMPUTE_OVERRIDES) == RECOMPUTE_MODES
 
 
 def test_recompute_overrides_for_trained_roles_only():

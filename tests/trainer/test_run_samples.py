@@ -25,6 +25,7 @@ def test_samples_jsonl_and_responses_stop_at_eos(tmp_path):
             assert r["response"].endswith("<eos>") and "<eos>" not in r["response"][: -len("<eos>")]
         else:
             assert r["response_tokens"] == MAX_NEW_TOKENS and "<eos>" not in r["response"]
-    # After the SFT warm-up the greedy answer is a digit and <eos> (README: right on ~81 % of prompts).
+    # After the SFT warm-up the greedy answer is a digit and <eos> (right on ~81 % of prompts:
+    # benchmarks/README.md, "Headline runs").
     assert sum(r["finish_reason"] == "stop" and r["response_tokens"] < MAX_NEW_TOKENS
                for r in records if r["split"] == "val") >= 2

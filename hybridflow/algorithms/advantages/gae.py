@@ -43,8 +43,6 @@ class GAE:
     lam: float = 0.95
     whiten: bool = True
 
-    needs_values = True
-
     def __call__(self, token_rewards: torch.Tensor, mask: torch.Tensor, values: torch.Tensor) -> Advantages:
         advantages, returns = gae_advantages(token_rewards, values, mask, self.gamma, self.lam)
         if self.whiten:

@@ -39,8 +39,6 @@ class GroupNormalized:
     scale_by_std: bool = True
     eps: float = 1e-6
 
-    needs_values = False
-
     def __call__(
         self, token_rewards: torch.Tensor, mask: torch.Tensor, values: torch.Tensor | None = None
     ) -> Advantages:

@@ -37,8 +37,6 @@ class ReinforcePP:
 
     gamma: float = 1.0
 
-    needs_values = False
-
     def __call__(
         self, token_rewards: torch.Tensor, mask: torch.Tensor, values: torch.Tensor | None = None
     ) -> Advantages:
@@ -51,8 +49,6 @@ class ReinforcePPBaseline:
     """REINFORCE++-baseline: group-mean baseline per prompt, then batch whitening."""
 
     group_size: int
-
-    needs_values = False
 
     def __call__(
         self, token_rewards: torch.Tensor, mask: torch.Tensor, values: torch.Tensor | None = None

@@ -26,8 +26,6 @@ class LeaveOneOut:
 
     group_size: int
 
-    needs_values = False
-
     def __call__(
         self, token_rewards: torch.Tensor, mask: torch.Tensor, values: torch.Tensor | None = None
     ) -> Advantages:

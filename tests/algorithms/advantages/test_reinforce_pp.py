@@ -20,7 +20,7 @@ def test_reinforce_pp_whitens_returns_over_the_batch():
     sd = math.sqrt(1 / 3)
     expected = torch.tensor([[-1 / 3 / sd, -1 / 3 / sd], [0.0, 2 / 3 / sd]])
     torch.testing.assert_close(adv.advantages, expected, atol=1e-4, rtol=1e-4)
-    assert adv.returns is None and not ReinforcePP.needs_values
+    assert adv.returns is None
 
 
 def test_reinforce_pp_baseline_centres_in_groups_then_whitens_over_tokens():
