@@ -236,8 +236,11 @@ def _activation_bytes(
     lm_head = role in (Role.ACTOR, Role.REF) and stage == pp - 1
     logits = seq * mbs * padded_vocab(model, tp) // tp * 4 if lm_head else 0
     # Forward-only passes (ref / old log-probs, values, rewards) of padded rows run
-    # forward_micro_batch_size rows (`roles.<role>.forward_max_tokens`); packed ones the packed shape.
-    fwd_rows = mbs if token_budget(cfg, role) else max(mbs, role_cfg.forward_micro_batch_size(cfg.data.seq_length))
+    # forward_micro_batch_size rows (`roles.<role>.forward_max_tokens`), at most the replica's samples of the step;
+    # packed ones the packed shape.
+    step_rows = math.ceil(cfg.data.train_batch_size * cfg.rollout.n_samples_per_prompt / dims.dp)
+    fwd_rows = mbs if token_budget(cfg, role) else max(
+        mbs, min(role_cfg.forward_micro_batch_size(cfg.data.seq_length), step_rows))
     fwd_logits = seq * fwd_rows * padded_vocab(model, tp) // tp * 4 if lm_head else 0
     if role not in TRAINED_ROLES:
         return int(per_layer * seq * fwd_rows) + fwd_logits

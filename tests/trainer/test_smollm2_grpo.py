@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from hybridflow.config import load_experiment
+from hybridflow.data.vocabulary import check_run_tokens
 from hybridflow.errors import UserError
 from hybridflow.placement import plan_placement
 from tests.packaged_model import smollm2_checkpoint
@@ -30,7 +31,9 @@ def test_experiment_finds_the_packaged_checkpoint():
     assert (m.hidden_size, m.num_hidden_layers, m.num_attention_heads, m.num_key_value_heads, m.vocab_size) == (
         576, 30, 9, 3, 49152)
     assert m.tie_word_embeddings and cfg.data.source == "builtin:gsm8k_easy"
-    assert cfg.reward.fn == "hybridflow.rewards.gsm8k:gsm8k" and cfg.rollout.stop_token_ids == [2]
+    # stop ids unset: the tokenizer's eos and the checkpoint's generation_config give <|im_end|>
+    assert cfg.reward.fn == "hybridflow.rewards.gsm8k:gsm8k" and cfg.rollout.stop_token_ids is None
+    assert check_run_tokens(cfg).stop_token_ids == (2,)
     assert plan_placement(load_experiment("grpo_smollm2_cpu", list(TP3))).meshes["actor"].tp == 3
     with pytest.raises(UserError, match="tp: 2 does not divide model.num_attention_heads=9"):
         tp2 = ["cluster.gpus_per_node=2", "roles.actor.parallel.tp=2", "roles.rollout.parallel.tp=2"]
