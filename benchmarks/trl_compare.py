@@ -52,10 +52,14 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--trl-generation", default="vllm-colocate", choices=("vllm-colocate", "hf"),
                         help="TRL's generation backend (default: vLLM colocated, TRL's fast path)")
     parser.add_argument("--dry-run", action="store_true", help="check arguments and the config mapping only")
+    return parse_with_overrides(parser, argv)
+
+
+def parse_with_overrides(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """`parser`'s flags from before a `--`, and the hydra overrides for the hybridflow side after it."""
     argv = list(argv)
-    extra = argv[argv.index("--") + 1:] if "--" in argv else []
-    args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
-    return args, extra
+    cut = argv.index("--") if "--" in argv else len(argv)
+    return parser.parse_args(argv[:cut]), argv[cut + 1:]
 
 
 def shared_work(args: argparse.Namespace, model_dir: Path) -> SharedWork:

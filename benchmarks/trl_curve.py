@@ -25,6 +25,7 @@ from pathlib import Path
 
 from benchmarks.provenance import REPO_ROOT, provenance
 from benchmarks.run_summary import read_rl_records
+from benchmarks.trl_compare import parse_with_overrides
 from benchmarks.trl_grpo import SharedWork, grpo_config_kwargs
 from hybridflow.config import ExperimentConfig, load_experiment
 from hybridflow.errors import UserError, cli_errors
@@ -43,10 +44,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--trl-generation", default="vllm-colocate", choices=("vllm-colocate", "hf"))
     parser.add_argument("--sides", default="hybridflow,trl", help="which frameworks to run (comma-separated)")
     parser.add_argument("--dry-run", action="store_true", help="check the config mapping only")
-    argv = list(argv)
-    extra = argv[argv.index("--") + 1:] if "--" in argv else []
-    args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
-    return args, extra
+    return parse_with_overrides(parser, argv)
 
 
 def shared_work(cfg: ExperimentConfig, steps: int, eval_every: int, seed: int, trl_generation: str) -> SharedWork:

@@ -28,13 +28,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from hybridflow.config.experiment import ExperimentConfig
 from hybridflow.config.model import DTYPE_BYTES
 from hybridflow.config.parallel import MODEL_ROLES, TRAINED_ROLES, Role
 from hybridflow.placement.cluster import GPU
-from hybridflow.placement.memory import GIB, offloaded_share, optimizer_bytes, padded_vocab, stage_params
+from hybridflow.placement.memory import (
+    GIB,
+    BytesByPart,
+    offloaded_share,
+    optimizer_bytes,
+    padded_vocab,
+    stage_params,
+)
 from hybridflow.placement.mesh import RoleMesh
 
 HOST_OPTIMIZER_BYTES_PER_PARAM = 16  # fp32 master 4 + Adam moments 8 + pinned fp32 grad copy 4
@@ -44,22 +51,12 @@ NODE_SYSTEM_GIB = 4.0
 
 
 @dataclass(frozen=True)
-class HostMemoryEstimate:
+class HostMemoryEstimate(BytesByPart):
     processes: int = 0
     optimizer: int = 0
     rollout: int = 0
     checkpoint: int = 0
     hf_load: int = 0
-
-    @property
-    def total(self) -> int:
-        return sum(getattr(self, f.name) for f in fields(self))
-
-    def __add__(self, other: HostMemoryEstimate) -> HostMemoryEstimate:
-        return HostMemoryEstimate(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
-
-    def to_json(self) -> dict[str, int]:
-        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "total": self.total}
 
 
 def offloaded_optimizer_bytes(cfg: ExperimentConfig, role: str, mesh: RoleMesh, stage: int) -> int:

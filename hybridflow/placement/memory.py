@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
+from typing import Self
 
 from hybridflow.config.experiment import ExperimentConfig
 from hybridflow.config.model import DTYPE_BYTES, ModelConfig
@@ -67,23 +68,27 @@ GRAD_BYTES = 4  # fp32 main grads
 VOCAB_DIVISIBLE_BY = 128  # megatron's make_vocab_size_divisible_by (x tp)
 
 
+class BytesByPart:
+    """A frozen dataclass of byte counts per part: their total, part-wise sum, and JSON (GPU and host estimates)."""
+
+    @property
+    def total(self) -> int:
+        return sum(getattr(self, f.name) for f in fields(self))
+
+    def __add__(self, other: Self) -> Self:
+        return type(self)(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
+
+    def to_json(self) -> dict[str, int]:
+        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "total": self.total}
+
+
 @dataclass(frozen=True)
-class MemoryEstimate:
+class MemoryEstimate(BytesByPart):
     weights: int = 0
     grads: int = 0
     optimizer: int = 0
     activations: int = 0
     kv_cache: int = 0
-
-    @property
-    def total(self) -> int:
-        return self.weights + self.grads + self.optimizer + self.activations + self.kv_cache
-
-    def __add__(self, other: MemoryEstimate) -> MemoryEstimate:
-        return MemoryEstimate(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
-
-    def to_json(self) -> dict[str, int]:
-        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "total": self.total}
 
 
 def padded_vocab(model: ModelConfig, tp: int) -> int:
