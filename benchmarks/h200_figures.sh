@@ -2,6 +2,7 @@
 # The single-GPU figures of benchmarks/README.md, in one go on a GPU machine that has torch + transformers.
 #   benchmarks/h200_figures.sh OUT_DIR [STAGE ...]      stages: gpu-tests decode throughput trl calibrate
 #                                                       vllm-generate packing smollm2 smollm2-vllm trl-curve
+#                                                       offload8b
 #   (default: the first four; calibrate = the cost model's MFU and decode figures at the Llama-3-8B shape)
 # Pure-Python dependencies the machine lacks (megatron-core, hydra-core, omegaconf, antlr4; trl, datasets, dill,
 # multiprocess for the trl stage) are installed from wheels in .whl/ (and .carry/trl/) when present.
@@ -126,8 +127,22 @@ for s in "${stages[@]}"; do
             ${CURVE_ARGS:-} "${sides[@]}" ${CURVE_OVERRIDES:-}
         tar -czf "$out/curve.tar.gz" -C /tmp --exclude='checkpoints' --exclude='final_hf' --exclude='tensorboard' \
             --exclude='*.safetensors' curve ;;
+    offload8b)
+        # Llama-3-8B GRPO on one H200 with the optimizer partly offloaded (the planner picks the fraction that fits
+        # GPU and host memory): peak host RSS from /usr/bin/time, GPU memory sampled by nvidia-smi every 2 s.
+        nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -l 2 >"$out/offload8b_gpu_mib.txt" 2>&1 &
+        smi=$!
+        # shellcheck disable=SC2086  # OFFLOAD8B_ARGS is a list of overrides
+        stage offload8b "${OFFLOAD8B_S:-560}" /usr/bin/time -v python3 -m hybridflow.run +experiment=ppo_llama_1b_h200 \
+            model=llama3_8b algorithm=grpo roles.critic.enabled=false rollout.n_samples_per_prompt=4 \
+            data.train_batch_size=16 roles.actor.offload_optimizer=true rollout.max_new_tokens=512 data.seq_length=1536 \
+            trainer.total_steps="${OFFLOAD8B_STEPS:-3}" trainer.save_last=false trainer.output_dir="$work/offload8b" \
+            ${OFFLOAD8B_ARGS:-}
+        kill "$smi" 2>/dev/null
+        grep -E "Maximum resident|Elapsed" "$out/offload8b.log"
+        rm -rf "$work"/offload8b/init_model "$work"/offload8b/checkpoints "$work"/offload8b/final_hf ;;
     *) echo "unknown stage $s (use gpu-tests, decode, throughput, trl, calibrate, vllm-generate, packing, smollm2," \
-        "smollm2-vllm, trl-curve)" >&2 ;;
+        "smollm2-vllm, trl-curve, offload8b)" >&2 ;;
     esac
 done
 # Everything small the stages wrote (tables, JSON, PNG, metrics, logs) in one archive.

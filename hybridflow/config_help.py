@@ -17,7 +17,7 @@ COMMON_OVERRIDES = (
     ("algorithm=NAME placement=NAME ...", "swap one group's option"),
     ("trainer.total_steps=N", "RL steps to train (raise it to continue a finished run)"),
     ("trainer.output_dir=DIR", "metrics, checkpoints, logs and final_hf/ (default runs/<name>)"),
-    ("trainer.save_every=N", "checkpoint every N steps (the last step is always saved)"),
+    ("trainer.save_every=N", "checkpoint every N steps (and after the last; trainer.save_last=false: not then)"),
     ("trainer.resume=auto|never|DIR", "resume from the newest checkpoint, start over, or a given one"),
     ("model.path=DIR", "a local HF checkpoint (its config.json sets the shape)"),
     ("data.source=FILE|builtin:TASK", ".jsonl/.parquet prompts or a built-in task"),

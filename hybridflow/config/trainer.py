@@ -29,6 +29,10 @@ class TrainerConfig:
     warmup_sft_steps: int = bounded(0, ge=0)
     sft_lr: float | None = bounded(None, gt=0, lt=1)  # learning rate of the supervised warm-up; None = lr
     save_every: int = bounded(0, ge=0)  # every N RL steps, and always after the last; 0 = only the last
+    # false: no checkpoint after the last step (with save_every 0: none at all, so the run cannot resume; the
+    # final HF export is still written). For benchmarks, and for models whose checkpoint staging does not fit
+    # host memory (the planner counts it: placement/host_memory.py).
+    save_last: bool = True
     # "auto" (the newest complete checkpoint in output_dir) | "never" (start over) | a checkpoint directory
     resume: str = "auto"
     output_dir: str = "runs/${name}"

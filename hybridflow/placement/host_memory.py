@@ -16,10 +16,11 @@ conservative peak (the end-of-run checkpoint is written while the offloaded stat
   checkpoint   the larger of the two writes (they never overlap):
                - the final HF export (`final_hf/`, always): TP rank 0 of each actor stage on DP replica 0
                  gathers the stage's full weights and safetensors' `save_file` serialises them in host memory;
-               - with `trainer.save_every` > 0, megatron's dist_checkpointing, which stages every tensor it
-                 writes in host memory at once (filesystem_async.preload_tensors: `tensor.to("cpu")`): each
-                 trained role's GPU-resident optimizer share (offloaded states are written from where they
-                 live) and, on DP replica 0 (the replica that writes them), its weights.
+               - after the last step (unless `trainer.save_last=false`) and every `trainer.save_every` steps,
+                 megatron's dist_checkpointing, which stages every tensor it writes in host memory at once
+                 (filesystem_async.preload_tensors: `tensor.to("cpu")`): each trained role's GPU-resident
+                 optimizer share (offloaded states are written from where they live) and, on DP replica 0 (the
+                 replica that writes them), its weights.
   hf_load      loading HF safetensors reads each tensor's shard (memory-mapped, so the file's pages are cache
                the OS can drop): the largest one, the (padded) embedding shard, read and converted (x 2).
 """
@@ -90,7 +91,7 @@ def rank_host_memory(cfg: ExperimentConfig, meshes: Mapping[str, RoleMesh], rank
         optimizer += offloaded_optimizer_bytes(cfg, role, mesh, stage)
         tp_rank, dp_rank, _ = mesh.coords(rank)
         weights = params * DTYPE_BYTES[model.dtype] if dp_rank == 0 else 0
-        if cfg.trainer.save_every:
+        if cfg.trainer.save_every or cfg.trainer.save_last:
             on_gpu = optimizer_bytes(model, params, mesh.dp) * (1 - offloaded_share(cfg.roles.get(role)))
             dist_ckpt += weights + math.ceil(on_gpu)
         if role == Role.ACTOR and dp_rank == 0 and tp_rank == 0:

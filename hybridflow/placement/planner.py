@@ -182,7 +182,7 @@ def build_plan(
     )
     if cfg.placement.check_memory:
         check_memory(plan)
-        check_host_memory(plan)
+        check_host_memory(plan, writes_checkpoints=bool(cfg.trainer.save_every or cfg.trainer.save_last))
     return plan
 
 
@@ -239,8 +239,9 @@ def check_memory(plan: Plan) -> None:
         )
 
 
-def check_host_memory(plan: Plan) -> None:
-    """Fail on the first node whose host-memory estimate exceeds cluster.host_memory_gib, with the numbers."""
+def check_host_memory(plan: Plan, writes_checkpoints: bool) -> None:
+    """Fail on the first node whose host-memory estimate exceeds cluster.host_memory_gib, with the numbers;
+    `writes_checkpoints`: the run saves dist checkpoints (whose staging the fix can then name)."""
     for node in plan.host_over_capacity():
         mem = plan.host_memory[node]
         parts = " + ".join(f"{k} {v / GIB:.1f}" for k, v in mem.to_json().items() if k != "total" and v)
@@ -251,6 +252,9 @@ def check_host_memory(plan: Plan) -> None:
             fits = fraction * (1 - over / mem.optimizer)
             fix = (f"roles.<role>.offload_fraction is {fraction:g}; the host holds at most "
                    f"{max(fits, 0.0):.2f} of it: lower it (more optimizer on the GPU), raise dp or add nodes")
+        if writes_checkpoints:
+            fix += (f", or set trainer.save_last=false and trainer.save_every=0 (no checkpoint: the run cannot "
+                    f"resume; staging one takes up to {mem.checkpoint / GIB:.1f} GiB)")
         raise UserError(
             f"cluster.host_memory_gib: node {node} needs an estimated {mem.total / GIB:.1f} GiB of host memory "
             f"({parts}) > {plan.host_capacity_bytes / GIB:.1f} GiB; {fix} (placement.check_memory=false to skip)"

@@ -106,7 +106,8 @@ def train(cfg: ExperimentConfig, plan: Plan) -> dict[str, float]:
             log.log(step + 1, validator.run(trainer), phase="val")
             log_samples(validator.first_batch, step + 1, "val")
         every = cfg.trainer.save_every
-        if (every and (step + 1) % every == 0) or step + 1 == cfg.trainer.total_steps:  # and always the last
+        last = step + 1 == cfg.trainer.total_steps
+        if (every and (step + 1) % every == 0) or (last and cfg.trainer.save_last):
             checkpointing.save(ckpt_root, step + 1, trainer.roles, {
                 "step": step + 1, "loader": loader.state_dict(), "kl": trainer.kl_ctl.state_dict(),
                 "rollout_step": trainer.rollout.step, "ready": trainer.ready}, fingerprint(cfg, plan))

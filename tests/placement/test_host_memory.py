@@ -18,6 +18,7 @@ from hybridflow.placement.report import format_plan
 CASE_8B = ["model=llama3_8b", "algorithm=grpo", "roles.critic.enabled=false", "rollout.n_samples_per_prompt=4",
            "data.train_batch_size=16", "roles.actor.offload_optimizer=true", "rollout.max_new_tokens=512",
            "data.seq_length=1536"]
+NO_CHECKPOINT = ["trainer.save_last=false"]  # an 8B checkpoint's staging (weights + the GPU's optimizer share)
 
 
 def _case(*extra):
@@ -36,18 +37,31 @@ def test_whole_optimizer_offloaded_is_refused_with_the_host_numbers():
     assert "> 128.0 GiB" in str(e.value) and "offload_fraction" in str(e.value) and "\n" not in str(e.value)
 
 
+def test_the_final_checkpoint_is_host_memory_and_the_refusal_names_save_last():
+    # the loop writes a dist checkpoint after the last step unless trainer.save_last=false; its staging holds the
+    # weights (bf16, 2 B/param) and the GPU-resident optimizer share (12 B/param x (1 - share)) in host memory
+    with pytest.raises(UserError, match=r"^cluster\.host_memory_gib: node 0 .*trainer\.save_last=false") as e:
+        plan_placement(_case())
+    params = stage_params(_case().model, "actor", 1, 1, 0)
+    share = plan_placement(_case(*NO_CHECKPOINT)).offload_fractions["actor"]
+    staged = float(str(e.value).split("checkpoint ")[1].split(" ")[0])
+    assert staged == pytest.approx((2 + 12 * (1 - share)) * params / GIB, abs=0.06)
+    assert "\n" not in str(e.value)
+
+
 def test_the_8b_case_plans_with_a_partial_offload_that_fits_gpu_and_host():
-    plan = plan_placement(_case())  # offload_fraction unset: the planner picks it
+    plan = plan_placement(_case(*NO_CHECKPOINT))  # offload_fraction unset: the planner picks it
     share = plan.offload_fractions["actor"]
     assert 0 < share < 1
     assert plan.over_capacity() == [] and plan.memory[0].total <= plan.usable_bytes
     assert plan.host_over_capacity() == [] and plan.host_memory[0].total <= 128 * GIB
     params = stage_params(_case().model, "actor", 1, 1, 0)
+    assert plan.host_memory[0].checkpoint == 2 * params  # only the final HF export (bf16)
     assert plan.host_memory[0].optimizer == pytest.approx(16 * share * params, rel=1e-9)
     assert plan.role_memory[0]["actor"].optimizer == pytest.approx(12 * (1 - share) * params, rel=1e-9)
     # the smallest share in steps of 0.05: 0.05 less does not fit the GPU
     with pytest.raises(UserError, match=r"^cluster\.gpu_memory_gib: GPU 0"):
-        plan_placement(_case(f"roles.actor.offload_fraction={share - 0.05:.2f}"))
+        plan_placement(_case(*NO_CHECKPOINT, f"roles.actor.offload_fraction={share - 0.05:.2f}"))
     table = format_plan(plan)
     assert "host memory per node" in table and f"actor {share:g}" in table
 

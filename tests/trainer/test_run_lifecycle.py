@@ -54,3 +54,9 @@ def test_resume_prints_its_checkpoint_and_ctrl_c_prints_one_line(tmp_path):
     assert found, last
     assert int(found[1]) >= 3 and int(found[2]) in (int(found[1]), int(found[1]) - 1)
     assert found[3].split() == command[3:]  # the same command
+
+
+def test_save_last_false_writes_no_checkpoint_but_the_final_model(tmp_path):
+    run(tmp_path, *QUICK[:-1], "trainer.total_steps=1", "trainer.save_last=false")
+    assert not (tmp_path / "checkpoints").exists() or not any((tmp_path / "checkpoints").iterdir())
+    assert (tmp_path / "final_hf" / "config.json").is_file()
