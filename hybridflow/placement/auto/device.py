@@ -94,23 +94,6 @@ _MFU_SOURCE = ("measured 2026-12-03 on one H200, Llama-3-8B shape, TP 1, torch S
                "benchmarks/results/calibrate_h200_20261203/")
 
 
-# Host time per micro-batch and layer, and per optimizer step and layer (Python in megatron-core's schedule and
-# modules, kernel launches, host syncs), a floor under each micro-batch's compute. Measured 2026-12-04 on one
-# H200 at SmolLM2-135M's shape (30 layers, bf16, commit b2bdae4; benchmarks/microbatch_overhead.py --shape
-# smollm2_135m --rows 64 --micro-batch-sizes 4 64, benchmarks/results/smollm2_h200_20261204/overhead_smollm2.json):
-# forward 59.5 / 56.5 ms per micro-batch of 4 / 64 rows, forward + backward 102.3 / 101.7 ms, optimizer step
-# 19.1 / 17.1 ms, whatever the rows: 57 / 30, 101 / 30 and 18 / 30 ms per layer. One shape; per layer is the
-# assumption that carries it to other depths. Not refitted with them: `role_pass_overhead_s` (assumed 0.5 s).
-# grpo_smollm2's measured step on the same H200 (1.97 s: generate 0.87, ref 0.22, old log-probs 0.22, update
-# 0.62; b2bdae4) leaves (1.97 - 1.38) / 4 = 0.14 s per pass beyond these floors, but 0.14 puts the 1B offload
-# run's update 9 % under its measurement (CPU_ADAM was fitted with 0.5 in place): a joint refit is open.
-MICRO_BATCH_HOST = {"forward_host_s_per_layer": 57e-3 / 30, "train_host_s_per_layer": 101e-3 / 30,
-                    "optimizer_host_s_per_layer": 18e-3 / 30}
-_MICRO_BATCH_HOST_SOURCE = ("measured 2026-12-04 on one H200, SmolLM2-135M shape, 30 layers "
-                            "(benchmarks/results/smollm2_h200_20261204/overhead_smollm2.json, grpo_smollm2 stage "
-                            "times)")
-
-
 @dataclass(frozen=True)
 class Efficiency:
     """Fractions of peak that real kernels reach, and fixed latencies. Each figure names its source."""
@@ -143,11 +126,6 @@ class Efficiency:
     # Fixed cost of one role's pass in one stage, whatever the GPU count: batch broadcast from and results
     # gathered to the collect rank, the barrier between stages, switching the set's GPUs to this role.
     role_pass_overhead_s: float = 0.5
-    # A micro-batch's host time per layer, forward-only and forward + backward, and an optimizer step's
-    # (MICRO_BATCH_HOST; the H200 figures as the default elsewhere).
-    forward_host_s_per_layer: float = MICRO_BATCH_HOST["forward_host_s_per_layer"]
-    train_host_s_per_layer: float = MICRO_BATCH_HOST["train_host_s_per_layer"]
-    optimizer_host_s_per_layer: float = MICRO_BATCH_HOST["optimizer_host_s_per_layer"]
     sources: dict[str, str] = field(default_factory=dict)
 
     def source(self, name: str) -> str:
@@ -174,7 +152,6 @@ MEASURED: dict[str, list[tuple[str, float, str]]] = {
              *[(name, value, _NATIVE_DECODE_SOURCE) for name, value in NATIVE_DECODE.items()],
              *[(name, value, _VLLM_DECODE_SOURCE) for name, value in VLLM_DECODE.items()],
              *[(name, value, _CPU_ADAM_SOURCE) for name, value in CPU_ADAM.items()],
-             *[(name, value, _MICRO_BATCH_HOST_SOURCE) for name, value in MICRO_BATCH_HOST.items()],
              ("train_mfu", 0.535, _MFU_SOURCE + "train8b_mb1.json, train8b_mb2.json (0.535 / 0.541)"),
              ("infer_mfu", 0.519, _MFU_SOURCE + "fwd8b_s2048.json (sequence 2048, micro-batch 4)"),
              ("prefill_mfu", 0.518, _MFU_SOURCE + "fwd8b_s1024.json (1024-token prompts, batch 8)")],

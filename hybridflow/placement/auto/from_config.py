@@ -53,10 +53,8 @@ def one_step_off(cfg: ExperimentConfig) -> bool:
 def workload_from_config(cfg: ExperimentConfig) -> Workload:
     """Roles taking part, batch and lengths from `cfg`. The rollout rides on the actor's set, or at
     trainer.rollout_lag=1 (native engine) is a role of its own that the search keeps off the actor's GPUs."""
-    seq = cfg.data.seq_length
     roles = tuple(
         RoleWork(name, model_shape(cfg.role_model(name), name), stages, cfg.roles.get(name).micro_batch_size,
-                 cfg.roles.get(name).forward_micro_batch_size(seq), cfg.roles.get(name).update_micro_batch_size(seq),
                  offloaded_share(cfg.roles.get(name)) if name in TRAINED_ROLES else 0.0)
         for name, stages in _STAGES.items() if cfg.roles.get(name).enabled)
     lag = one_step_off(cfg)
