@@ -15,7 +15,8 @@ it). The optimizer step is timed on its own, and the forward pass once more as a
 (`roles.<role>.forward_max_tokens` over `--seq`, micro_batch_size 1).
 
 Host syncs per pass: the count of `aten::_local_scalar_dense` (every `.item()` / `float()` / `int()` of a
-tensor) and of collectives in a torch.profiler trace; on CUDA also the synchronising operations that
+tensor; not the ones torch's fused Adam makes inside its CPU kernel, which reads its host step counters and
+on CUDA reads nothing) and of collectives in a torch.profiler trace; on CUDA also the synchronising operations that
 `torch.cuda.set_sync_debug_mode("warn")` reports. `--profile` prints the top ops by self CPU time.
 """
 
@@ -123,7 +124,7 @@ def host_syncs(fn: Callable[[], object], top: int = 0) -> dict:
     with profile(activities=activities) as prof:
         fn()
     events = prof.key_averages()
-    scalar = sum(e.count for e in events if e.key == "aten::_local_scalar_dense")
+    scalar = sum(1 for e in prof.events() if e.name == "aten::_local_scalar_dense" and not _in_fused_optimizer(e))
     # c10d's dispatcher ops (c10d::allreduce_, ...): one per collective on gloo and NCCL alike
     collectives = sum(e.count for e in events if e.key.startswith("c10d::"))
     out = {"item_calls": scalar, "collectives": collectives}
@@ -138,6 +139,17 @@ def host_syncs(fn: Callable[[], object], top: int = 0) -> dict:
         out["top_ops"] = [(e.key, e.count, e.self_cpu_time_total / 1e3)
                           for e in sorted(events, key=lambda e: -e.self_cpu_time_total)[:top]]
     return out
+
+
+def _in_fused_optimizer(event) -> bool:
+    """Whether a profiler event runs inside torch's fused Adam kernel: on CPU it reads each parameter's step
+    counter (host memory) in C++; on CUDA the counters stay on the device and it reads nothing."""
+    parent = event.cpu_parent
+    while parent is not None:
+        if parent.name.startswith(("aten::_fused_adam", "aten::_fused_adamw")):
+            return True
+        parent = parent.cpu_parent
+    return False
 
 
 def overhead_fit(points: list[tuple[int, float]]) -> float:

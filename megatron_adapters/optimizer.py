@@ -32,6 +32,8 @@ from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.process_groups_config import ProcessGroupCollection
 from megatron.core.utils import get_model_config
 
+from megatron_adapters.optimizer_sync import fuse_torch_adam, install_sync_free_grad_norm
+
 
 @dataclass(frozen=True)
 class TrainingPrecision:
@@ -210,6 +212,9 @@ def build_optimizer(
         use_gloo_process_groups=False,
         pg_collection=pg_collection,
     )
+    if not settings.offload_optimizer:  # HybridDeviceOptimizer builds its own (fused) Adams
+        fuse_torch_adam(optimizer)
+    install_sync_free_grad_norm()
     scheduler = OptimizerParamScheduler(
         optimizer,
         init_lr=0.0 if settings.lr_warmup_steps else settings.lr,

@@ -57,6 +57,13 @@ class RoleConfig:
     # length, at least `micro_batch_size` (the update keeps `micro_batch_size`). 0 = `micro_batch_size`.
     # None = ref's default: the actor's value.
     forward_max_tokens: int | None = bounded(16384, ge=0)
+    # The update (trained roles, padded rows; the supervised warm-up too) runs
+    # `update_micro_batch_size(data.seq_length)` rows per micro-batch: this token budget over the sequence
+    # length, at least `micro_batch_size`. Every loss_agg mode gives the same gradient however a mini-batch is
+    # split (hybridflow/algorithms/losses/loss_agg.py). 0 = exactly `micro_batch_size` rows. Off by default for
+    # now: at 4096 the shipped ppo_llama3_70b_2node no longer fits 80 GiB, so the default wants the planner to
+    # pick the largest budget that fits (as it picks offload_fraction); small models set it (grpo_smollm2).
+    update_max_tokens: int = bounded(0, ge=0)
     offload_optimizer: bool = False
     # With offload_optimizer: the share of the optimizer (fp32 master params + Adam states) megatron's
     # HybridDeviceOptimizer keeps and steps on the host (OptimizerConfig.optimizer_offload_fraction; 1.0 =
@@ -68,6 +75,18 @@ class RoleConfig:
     def forward_micro_batch_size(self, seq_length: int) -> int:
         """Rows per forward-only micro-batch of padded `seq_length`-token rows (see `forward_max_tokens`)."""
         return max(self.micro_batch_size, (self.forward_max_tokens or 0) // seq_length)
+
+    def update_micro_batch_size(self, seq_length: int) -> int:
+        """Most rows per update micro-batch of padded `seq_length`-token rows (see `update_max_tokens`)."""
+        return max(self.micro_batch_size, self.update_max_tokens // seq_length)
+
+
+def micro_batch_split(rows: int, max_rows: int) -> tuple[int, int]:
+    """(count, size): `rows` rows cut into as few micro-batches of at most `max_rows` as possible, all of `size`
+    rows but the last (256 rows at most 85 a piece: 4 x 64, not 3 x 85 + 1). The runtime splits so
+    (ModelRole.micro_batches) and the memory model sizes activations so (placement/memory.py)."""
+    count = -(-rows // max(1, min(max_rows, rows)))
+    return count, -(-rows // count)
 
 
 @dataclass

@@ -26,8 +26,11 @@ Parts and the rules used (P = parameters held by the GPU: its pipeline stage's s
                for micro-batches of max(micro_batch_size, forward_max_tokens // seq_length) padded rows
                (`roles.<role>.forward_max_tokens`); trained roles take the larger of that forward pass
                (old log-probs, values) and their update.
-               Micro-batch shape: N = micro_batch_size x data.seq_length (padded rows), s = data.seq_length,
-               n_microbatches = mini_batch_size / (dp x micro_batch_size). With sequence packing
+               Micro-batch shape: N = rows x data.seq_length (padded rows), s = data.seq_length; an update
+               (actor, critic, and the actor's warm-up) cuts the replica's mini_batch_size / dp rows into
+               n_microbatches of at most max(micro_batch_size, update_max_tokens // seq_length) rows each
+               (`roles.<role>.update_max_tokens`; config.parallel.micro_batch_split, the runtime's cut), rows
+               = the largest of them; other roles: rows = micro_batch_size. With sequence packing
                (`roles.<role>.max_tokens_per_micro_batch` = B > 0; ref's unset value is the actor's) a
                micro-batch is one row of whole samples, each at most S = min(max_prompt_length +
                max_new_tokens, seq_length) tokens:
@@ -58,7 +61,7 @@ from typing import Self
 
 from hybridflow.config.experiment import ExperimentConfig
 from hybridflow.config.model import DTYPE_BYTES, ModelConfig
-from hybridflow.config.parallel import TRAINED_ROLES, VALUE_HEAD_ROLES, Role, RoleConfig
+from hybridflow.config.parallel import TRAINED_ROLES, VALUE_HEAD_ROLES, Role, RoleConfig, micro_batch_split
 from hybridflow.errors import UserError
 from hybridflow.placement.mesh import ParallelDims
 from hybridflow.placement.param_count import layer_matmul_params
@@ -163,8 +166,14 @@ def micro_batch_shape(
     """The largest micro-batch `role` runs at data-parallel size `dp` (module docstring, "Micro-batch shape").
     `pad_to`: packed micro-batches are padded to a multiple of it (tp under sequence parallelism);
     `packed=False` gives the padded shape even when the role packs (the actor's supervised warm-up)."""
-    seq, mbs = cfg.data.seq_length, cfg.roles.get(role).micro_batch_size
+    role_cfg = cfg.roles.get(role)
+    seq, mbs = cfg.data.seq_length, role_cfg.micro_batch_size
     budget = token_budget(cfg, role) if packed else 0
+    if not budget and role in TRAINED_ROLES:
+        # the update's rows as ModelRole.micro_batches cuts this replica's share of a mini-batch
+        count, rows = micro_batch_split(max(1, cfg.algorithm.mini_batch_size // dp),
+                                        role_cfg.update_micro_batch_size(seq))
+        return MicroBatchShape(rows=rows, row_tokens=seq, attention_span=seq, count=count)
     if not budget:
         return MicroBatchShape(rows=mbs, row_tokens=seq, attention_span=seq,
                                count=max(1, cfg.algorithm.mini_batch_size // (dp * mbs)))
@@ -245,7 +254,7 @@ def _activation_bytes(
     # packed ones the packed shape.
     step_rows = math.ceil(cfg.data.train_batch_size * cfg.rollout.n_samples_per_prompt / dims.dp)
     fwd_rows = mbs if token_budget(cfg, role) else max(
-        mbs, min(role_cfg.forward_micro_batch_size(cfg.data.seq_length), step_rows))
+        role_cfg.micro_batch_size, min(role_cfg.forward_micro_batch_size(cfg.data.seq_length), step_rows))
     fwd_logits = seq * fwd_rows * padded_vocab(model, tp) // tp * 4 if lm_head else 0
     if role not in TRAINED_ROLES:
         return int(per_layer * seq * fwd_rows) + fwd_logits

@@ -18,6 +18,7 @@ import torch
 from megatron.core.process_groups_config import ProcessGroupCollection
 from megatron.core.utils import get_model_config
 
+from hybridflow.config.parallel import micro_batch_split
 from hybridflow.data.packing import as_rows, empty_micro_batch, is_packed, pack_by_token_budget, pack_rows
 from hybridflow.placement import RoleMesh
 from megatron_adapters.checkpoint import unwrap
@@ -69,6 +70,8 @@ class ModelRole:
     max_tokens_per_micro_batch: int = 0
     # Rows per forward-only micro-batch of padded rows (`RoleConfig.forward_micro_batch_size`); 0 = micro_batch_size.
     forward_micro_batch_size: int = 0
+    # Most rows per update micro-batch of padded rows (`RoleConfig.update_micro_batch_size`); 0 = micro_batch_size.
+    update_micro_batch_size: int = 0
 
     def save_hf(self, out_dir: str | Path, hf_dir: str | Path) -> None:
         """Write this role's model as an HF checkpoint in `out_dir`, its config.json taken from `hf_dir`.
@@ -121,7 +124,8 @@ class ModelRole:
         self, tensors: dict[str, torch.Tensor], max_rows: int = 0
     ) -> list[dict[str, torch.Tensor]]:
         """This replica's rows cut into micro-batches on the compute device (the step's batch lives on CPU):
-        as few as hold at most `max_rows` (default `micro_batch_size`) rows each, of equal size but the last.
+        as few as hold at most `max_rows` (default `update_micro_batch_size`, else `micro_batch_size`) rows each,
+        of equal size but the last (`micro_batch_split`).
 
         With a token budget and the rows' true lengths (`seq_lens`), micro-batches are packed (see
         hybridflow.data.packing); every replica of the role then runs as many micro-batches as the one that
@@ -137,8 +141,7 @@ class ModelRole:
         # (from pageable memory, synchronous with the host) each, hundreds per pass for a small model.
         on_device = {k: v.to(device, non_blocking=True) for k, v in tensors.items()}
         rows = next(iter(tensors.values())).shape[0]
-        count = -(-rows // min(max_rows or self.micro_batch_size, rows))
-        size = -(-rows // count)  # 256 rows at most 85 a piece: 4 x 64, not 3 x 85 + 1
+        _, size = micro_batch_split(rows, max_rows or self.update_micro_batch_size or self.micro_batch_size)
         return [{k: v[i : i + size] for k, v in on_device.items()} for i in range(0, rows, size)]
 
     def _packed_micro_batches(self, tensors: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
@@ -159,7 +162,7 @@ class ModelRole:
         def keep(output, mb):
             return output.new_zeros(()), {"out": per_token(output, mb)}
 
-        micro = self.micro_batches(tensors, self.forward_micro_batch_size)
+        micro = self.micro_batches(tensors, self.forward_micro_batch_size or self.micro_batch_size)
         metrics = run_forward_backward([self.model], self.groups, micro, keep, forward_only=True)
         if not is_packed(micro[0]):
             return torch.cat([m["out"] for m in metrics])
@@ -224,13 +227,15 @@ def build_model_role(
     seed: int = 0,
     max_tokens_per_micro_batch: int = 0,
     forward_micro_batch_size: int = 0,
+    update_micro_batch_size: int = 0,
     **config_overrides,
 ) -> ModelRole:
     """Build this rank's stage of `hf_dir`, load its weights, and (for trained roles) DDP + optimizer.
 
     `config_overrides` are TransformerConfig fields (see `role_config_overrides`); a positive
     `max_tokens_per_micro_batch` packs micro-batches by that token budget; `forward_micro_batch_size` rows
-    (0: `micro_batch_size`) make a forward-only micro-batch of padded rows."""
+    (0: `micro_batch_size`) make a forward-only micro-batch of padded rows, `update_micro_batch_size` rows at most
+    (0: `micro_batch_size`) an update's."""
     seed_role_rng(seed, groups)
     model = build_gpt(hf_dir, groups, head=head, dtype=dtype, **config_overrides)
     if torch.cuda.is_available():
@@ -248,7 +253,8 @@ def build_model_role(
     opt = build_optimizer(ddp, groups, optimizer, precision)
     return ModelRole(name, mesh, groups, ddp[0], micro_batch_size, opt,
                      max_tokens_per_micro_batch=max_tokens_per_micro_batch,
-                     forward_micro_batch_size=forward_micro_batch_size)
+                     forward_micro_batch_size=forward_micro_batch_size,
+                     update_micro_batch_size=update_micro_batch_size)
 
 
 def copy_weights(src: ModelRole | None, dst: ModelRole | None, via_dir: Path, hf_dir: str) -> None:
