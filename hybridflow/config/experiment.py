@@ -11,8 +11,9 @@ from hybridflow.config.data import DataConfig, RewardConfig
 from hybridflow.config.model import ModelConfig, apply_hf_checkpoint, check_same_vocab, validate_model
 from hybridflow.config.parallel import MODEL_ROLES, ROLES, RolesConfig
 from hybridflow.config.placement import PlacementConfig
-from hybridflow.config.rollout import PARITY_EVERY, RolloutConfig
+from hybridflow.config.rollout import RolloutConfig
 from hybridflow.config.trainer import DistributedConfig, TrainerConfig
+from hybridflow.engines import AUTO, with_engine
 from hybridflow.errors import UserError
 
 
@@ -55,8 +56,8 @@ def finalize_experiment(cfg: ExperimentConfig) -> ExperimentConfig:
             check_same_vocab(cfg.model, getattr(cfg, name), name)
     cfg.cluster = resolve_cluster(cfg.cluster)
     _inherit_ref_parallel(cfg)
-    if cfg.trainer.parity_every is None:
-        cfg.trainer.parity_every = PARITY_EVERY[cfg.rollout.engine]
+    if cfg.rollout.engine != AUTO:  # auto: the planner resolves the engine, then its defaults (with_engine)
+        cfg = with_engine(cfg, cfg.rollout.engine)
     for role in ("actor", "rollout"):
         if not cfg.roles.get(role).enabled:
             raise UserError(f"roles.{role}.enabled: every experiment needs the {role}; set it to true")

@@ -1,6 +1,6 @@
 """vLLM rollout engine: one vLLM `LLM` per rollout rank, in the engine process that rank starts.
 
-Works with vLLM 0.20 through 0.34 (`hybridflow.config.rollout.VLLM_VERSIONS`; every version-dependent call
+Works with vLLM 0.20 through 0.34 (`hybridflow.engines.vllm.VLLM_VERSIONS`; every version-dependent call
 is in this module). Each engine process (`hybridflow.rollout.engine_host`) builds its `LLM` with
 `distributed_executor_backend="external_launcher"`: vLLM reuses the engine processes' torch.distributed world
 (and runs its V1 engine core in-process) and cuts it into TP groups of consecutive ranks
