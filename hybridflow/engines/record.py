@@ -4,7 +4,7 @@ The record holds the engine's pure facts (traits, its memory and cost-model term
 the config, the planner and the environment check can ask it without importing torch, megatron-core or the
 engine. How to build the engine for a rollout rank is named, not imported: `builder` is an import path
 ("package.module:ATTRIBUTE") that only `hybridflow.roles.rollout_role` resolves, at build time, to an
-`EngineBuilder` (hybridflow.rollout.base). This package imports nothing of hybridflow at run time, so
+`RolloutBuilder` (hybridflow.rollout.base). This package imports nothing of hybridflow at run time, so
 hybridflow.config and hybridflow.placement may import it.
 """
 
@@ -75,7 +75,7 @@ class EngineRecord(Protocol):
 
     name: str
     traits: EngineTraits
-    builder: str  # "package.module:ATTRIBUTE" of its EngineBuilder, resolved by the rollout role only
+    builder: str  # "package.module:ATTRIBUTE" of its RolloutBuilder, resolved by the rollout role only
 
     def kv_cache_bytes(self, cfg: ExperimentConfig, weights: int, batch_kv: int) -> int:
         """KV cache bytes per rollout GPU, given the GPU's weight shard (`weights`, 0 when shared with the actor)
