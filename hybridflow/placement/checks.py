@@ -68,7 +68,6 @@ def check_tp_groups_local(mesh: RoleMesh, gpus: Sequence[GPU], cfg: ExperimentCo
 
 def check_batch_sizes(cfg: ExperimentConfig, role: str, dims: ParallelDims) -> None:
     """Batches split evenly over DP and micro-batches."""
-    mbs = cfg.roles.get(role).micro_batch_size
     samples = cfg.data.train_batch_size * cfg.rollout.n_samples_per_prompt
     if role == "rollout":
         if cfg.data.train_batch_size % dims.dp:
@@ -77,6 +76,7 @@ def check_batch_sizes(cfg: ExperimentConfig, role: str, dims: ParallelDims) -> N
                 f"dp={dims.dp}; use a multiple of {dims.dp}"
             )
         return
+    mbs = cfg.roles.get(role).micro_batch_size
     unit = dims.dp * mbs
     if role in TRAINED_ROLES:
         if cfg.algorithm.mini_batch_size % unit:

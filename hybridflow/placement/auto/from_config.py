@@ -151,7 +151,9 @@ def config_with_plan(cfg: ExperimentConfig, plan: Plan) -> ExperimentConfig:
     out = copy.deepcopy(cfg)
     for role, mesh in plan.meshes.items():
         par = out.roles.get(role).parallel
-        par.tp, par.pp, par.dp = mesh.tp, mesh.pp, mesh.dp
+        par.tp, par.dp = mesh.tp, mesh.dp
+        if role != ROLLOUT:  # the rollout's pp is always 1 (RolloutParallelConfig)
+            par.pp = mesh.pp
     return out
 
 
