@@ -37,7 +37,7 @@ setup(
         # GPU-only pieces. NVIDIA Apex is not on PyPI (the PyPI package named "apex" is unrelated):
         # megatron-core falls back to torch implementations when Apex is absent.
         "te": ["transformer-engine[pytorch]"],
-        # hybridflow.config.rollout.VLLM_VERSIONS: 0.20 (torch 2.11) through 0.34, one engine module for all.
+        # hybridflow.engines.vllm.VLLM_VERSIONS: 0.20 (torch 2.11) through 0.34, one engine module for all.
         "vllm": ["vllm>=0.20,<0.35"],
     },
     entry_points={"console_scripts": ["hybridflow=hybridflow.cli:main"]},

@@ -21,7 +21,7 @@ COMMON_OVERRIDES = (
     ("trainer.resume=auto|never|DIR", "resume from the newest checkpoint, start over, or a given one"),
     ("model.path=DIR", "a local HF checkpoint (its config.json sets the shape)"),
     ("data.source=FILE|builtin:TASK", ".jsonl/.parquet prompts or a built-in task"),
-    ("roles.actor.parallel.tp=N", "a role's mesh (tp, pp, dp; roles actor, critic, ref, reward, rollout)"),
+    ("roles.actor.parallel.tp=N", "a role's mesh (tp, pp, dp; roles actor, critic, ref, reward; the rollout's tp, dp)"),
     ("distributed.master_port=N", "the rendezvous port of a local launch"),
 )
 

@@ -14,11 +14,13 @@ from pathlib import Path
 from hybridflow.config import load_experiment, split_argv
 from hybridflow.config_help import config_parser, job_config_yaml, parse_config_args
 from hybridflow.data.vocabulary import check_run_tokens, stop_ids_source
+from hybridflow.engines import AUTO
 from hybridflow.errors import cli_errors
 from hybridflow.placement import plan_placement
 from hybridflow.placement.auto import search_placement
 from hybridflow.placement.auto.explain import overlap_text
 from hybridflow.placement.auto.predict import plan_candidate
+from hybridflow.placement.engine_choice import choose_engine
 from hybridflow.placement.report import format_plan
 
 
@@ -35,8 +37,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.cfg:
             print(job_config_yaml(cfg), end="")
             return 0
-        explanation = None
-        if cfg.placement.mode == "auto":  # the search also explains itself: stage times and runners-up
+        explanation, choice = None, None
+        if cfg.rollout.engine == AUTO:  # every engine planned, the faster kept; it says why
+            choice = choose_engine(cfg)
+            cfg, plan, explanation = choice.config, choice.plan, choice.explanation
+        elif cfg.placement.mode == "auto":  # the search also explains itself: stage times and runners-up
             plan, explanation = search_placement(cfg)
         else:
             plan = plan_placement(cfg)
@@ -46,6 +51,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"L={cfg.model.num_hidden_layers}  cluster: {cfg.cluster.gpu_type}"
     )
     print(format_plan(plan))
+    if choice is not None:
+        print(choice.format())
     print(f"rollout stops at token ids {list(stops)} ({stop_ids_source(cfg)})" if stops else
           f"rollout never stops early ({stop_ids_source(cfg)}): every response is "
           f"rollout.max_new_tokens={cfg.rollout.max_new_tokens} tokens")
@@ -65,7 +72,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     out.write_text(json.dumps({"experiment": cfg.name, **plan.to_json(), "predicted_stage_s": stage_s,
                                "stop_token_ids": list(stops),
                                "predicted_step_s": explanation.total_s if explanation else predicted.total,
-                               **({"auto": explanation.to_json()} if explanation else {})}, indent=1))
+                               **({"auto": explanation.to_json()} if explanation else {}),
+                               **({"engine_choice": choice.to_json()} if choice else {})}, indent=1))
     print(f"wrote {out}")
     print("next: " + shlex.join(["python", "-m", "hybridflow.run", *args.overrides]))
     return 0

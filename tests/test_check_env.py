@@ -121,3 +121,17 @@ def test_cli_on_this_cpu_machine():
 def test_cli_bad_experiment_is_one_line_exit_2():
     out = _cli("+experiment=no_such_thing")
     assert out.returncode == 2 and out.stderr.startswith("error: experiment: 'no_such_thing' is unknown")
+
+
+def test_needs_take_the_engine_the_plan_chose():
+    # rollout.engine=auto: the environment is checked for the engine the ranks will build, not for "auto"
+    from hybridflow.config import load_experiment
+    from hybridflow.placement import plan_placement
+
+    cfg = load_experiment("ppo_llama_1b_h200", ["rollout.engine=auto", "data.train_batch_size=256"])
+    needs = Needs.from_experiment(cfg, plan_placement(cfg))
+    assert needs.engine == "vllm"
+    found = {f.name: f for f in check_packages(needs)}
+    if env_checks._dist_version("vllm") is None:  # the CPU machines: missing is a failure for this plan
+        assert found["vllm"].status == "fail"
+        assert found["vllm"].requirement == "vllm>=0.20,<0.35 for rollout.engine=vllm"

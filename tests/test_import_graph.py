@@ -98,3 +98,17 @@ def test_package_imports_form_no_circle():
     graph = import_graph()
     assert len(graph) > 100 and "hybridflow.placement.planner" in graph
     assert find_circle(graph) is None, " -> ".join(find_circle(graph))
+
+
+def test_engine_records_are_a_leaf_that_config_and_placement_may_import():
+    # The records' pure part (hybridflow/engines) imports only hybridflow.errors; an engine's builder is an
+    # import path the rollout role resolves, so config and placement never reach engine or training code.
+    graph = import_graph()
+    engines = {m for m in graph if m.startswith("hybridflow.engines")}
+    assert {"hybridflow.engines.megatron", "hybridflow.engines.vllm"} <= engines
+    for module in engines:
+        assert graph[module] <= engines | {"hybridflow.errors"}, module
+    heavy = ("hybridflow.trainer", "hybridflow.roles", "hybridflow.rollout", "megatron_adapters")
+    for module, deps in graph.items():
+        if module.startswith(("hybridflow.config", "hybridflow.placement", "hybridflow.engines")):
+            assert not [d for d in deps if d.startswith(heavy)], module

@@ -18,6 +18,8 @@ from hybridflow.config.parallel import (
     Role,
     RoleConfig,
     RolesConfig,
+    RolloutParallelConfig,
+    RolloutRoleConfig,
 )
 from hybridflow.config.placement import PlacementConfig
 from hybridflow.config.rollout import RolloutConfig
@@ -43,6 +45,8 @@ __all__ = [
     "RewardConfig",
     "RoleConfig",
     "RolesConfig",
+    "RolloutParallelConfig",
+    "RolloutRoleConfig",
     "RolloutConfig",
     "TrainerConfig",
     "conf_dir",

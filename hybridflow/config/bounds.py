@@ -3,7 +3,7 @@
 A field declares its range where it is defined:
 
     cliprange: float = bounded(0.2, gt=0, le=1)
-    engine: str = bounded("megatron", choices=("megatron", "vllm"))
+    seed_mode: str = bounded("per_batch", choices=SEED_MODES)
 
 `check_bounds(cfg)` walks the whole dataclass tree and raises one `UserError` line for the first value out of
 range: `<dotted.field>: <value> <problem>; use <what is allowed>`. `None` is accepted for optional fields (it

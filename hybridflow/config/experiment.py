@@ -9,10 +9,11 @@ from hybridflow.config.bounds import check_bounds
 from hybridflow.config.cluster import ClusterConfig, resolve_cluster
 from hybridflow.config.data import DataConfig, RewardConfig
 from hybridflow.config.model import ModelConfig, apply_hf_checkpoint, check_same_vocab, validate_model
-from hybridflow.config.parallel import MODEL_ROLES, ROLES, RolesConfig
+from hybridflow.config.parallel import MODEL_ROLES, RolesConfig
 from hybridflow.config.placement import PlacementConfig
-from hybridflow.config.rollout import PARITY_EVERY, RolloutConfig
+from hybridflow.config.rollout import RolloutConfig
 from hybridflow.config.trainer import DistributedConfig, TrainerConfig
+from hybridflow.engines import AUTO, with_engine
 from hybridflow.errors import UserError
 
 
@@ -55,11 +56,10 @@ def finalize_experiment(cfg: ExperimentConfig) -> ExperimentConfig:
             check_same_vocab(cfg.model, getattr(cfg, name), name)
     cfg.cluster = resolve_cluster(cfg.cluster)
     _inherit_ref_parallel(cfg)
-    if cfg.trainer.parity_every is None:
-        cfg.trainer.parity_every = PARITY_EVERY[cfg.rollout.engine]
-    for role in ("actor", "rollout"):
-        if not cfg.roles.get(role).enabled:
-            raise UserError(f"roles.{role}.enabled: every experiment needs the {role}; set it to true")
+    if cfg.rollout.engine != AUTO:  # auto: the planner resolves the engine, then its defaults (with_engine)
+        cfg = with_engine(cfg, cfg.rollout.engine)
+    if not cfg.roles.actor.enabled:  # the rollout has no switch: every experiment has one
+        raise UserError("roles.actor.enabled: every experiment needs the actor; set it to true")
 
     _check_algorithm_roles(cfg)
     _check_lengths(cfg)
@@ -104,7 +104,7 @@ def _inherit_ref_parallel(cfg: ExperimentConfig) -> None:
         cfg.roles.ref.max_tokens_per_micro_batch = cfg.roles.actor.max_tokens_per_micro_batch
     if cfg.roles.ref.forward_max_tokens is None:
         cfg.roles.ref.forward_max_tokens = cfg.roles.actor.forward_max_tokens
-    for role in ROLES:
+    for role in MODEL_ROLES:  # the rollout's tp is never null (RolloutParallelConfig)
         par = cfg.roles.get(role).parallel
         for name in ("tp", "pp", "sequence_parallel"):
             if getattr(par, name) is None:

@@ -103,6 +103,17 @@ def _reject_unknown_keys(node: DictConfig, schema: type, prefix: str) -> None:
             _reject_unknown_keys(child, sub, f"{full}.")
 
 
+def _fields_at(dotted: str) -> list[str] | None:
+    """The keys the schema declares at `dotted` (a dataclass node of ExperimentConfig), or None."""
+    schema: type | None = ExperimentConfig
+    for part in filter(None, dotted.split(".")):
+        hints = typing.get_type_hints(schema)
+        schema = _dataclass_of(hints[part]) if part in hints else None
+        if schema is None:
+            return None
+    return [f.name for f in dataclasses.fields(schema)]
+
+
 def _dataclass_of(hint: object) -> type | None:
     candidates = typing.get_args(hint) or (hint,)
     return next((c for c in candidates if dataclasses.is_dataclass(c)), None)
@@ -137,6 +148,10 @@ def describe_config_error(err: BaseException) -> str:
         key = cause.full_key
         text = str(cause).split("\n")[0].strip()
         if "not in" in text or "Key" in text and "not" in text:
+            parent, _, _ = key.rpartition(".")
+            known = _fields_at(parent)
+            if known is not None:  # the one-line form _reject_unknown_keys uses
+                return f"{key}: unknown key; {parent or 'the top level'} takes {', '.join(known)}"
             return f"{key}: unknown key ({text}); check the spelling against hybridflow/config/"
         return f"{key}: {text}; use a value of the declared type (see hybridflow/config/)"
     text = " ".join(str(err).split())

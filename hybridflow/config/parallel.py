@@ -90,6 +90,31 @@ def micro_batch_split(rows: int, max_rows: int) -> tuple[int, int]:
 
 
 @dataclass
+class RolloutParallelConfig:
+    """The rollout's mesh: TP and DP only (`dp=None`: its GPU count / tp). It generates at pipeline size 1
+    (the bridge's generation layout), so `pp` is always 1 and not a setting."""
+
+    tp: int = bounded(1, ge=1)
+    dp: int | None = bounded(None, ge=1)
+
+    @property
+    def pp(self) -> int:
+        return 1
+
+
+@dataclass
+class RolloutRoleConfig:
+    """The rollout role: only its mesh. It holds no trained model (no optimizer, offload, recompute or
+    micro-batches); what it samples with, its engine and dtype are `rollout.*`. Every experiment has it."""
+
+    parallel: RolloutParallelConfig = field(default_factory=RolloutParallelConfig)
+
+    @property
+    def enabled(self) -> bool:
+        return True
+
+
+@dataclass
 class RolesConfig:
     actor: RoleConfig = field(default_factory=RoleConfig)
     critic: RoleConfig = field(default_factory=RoleConfig)
@@ -101,9 +126,9 @@ class RolesConfig:
                                            forward_max_tokens=None)
     )
     reward: RoleConfig = field(default_factory=lambda: RoleConfig(enabled=False))
-    rollout: RoleConfig = field(default_factory=RoleConfig)
+    rollout: RolloutRoleConfig = field(default_factory=RolloutRoleConfig)
 
-    def get(self, role: str) -> RoleConfig:
+    def get(self, role: str) -> RoleConfig | RolloutRoleConfig:
         return getattr(self, role)
 
     def enabled_roles(self) -> tuple[str, ...]:

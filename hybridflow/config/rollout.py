@@ -7,20 +7,16 @@ from typing import Any
 
 from hybridflow.config.bounds import bounded
 from hybridflow.config.model import DTYPES
+from hybridflow.engines import AUTO, DEFAULT_ENGINE, engine_names
 
-ROLLOUT_ENGINES = ("megatron", "vllm")
-# The vLLM releases the vLLM engine supports (setup.py's [vllm] extra and the environment check say the same).
-VLLM_VERSIONS = ">=0.20,<0.35"
 SEED_MODES = ("per_batch", "per_request")
-# trainer.parity_every's default per engine: the native engine's log-probs are a by-product of sampling (free,
-# so the gate runs every step); vLLM's cost ~15% of generation time (H200, 1B, 64 x 1024 tokens), so the gate
-# samples every 10th step there.
-PARITY_EVERY = {"megatron": 1, "vllm": 10}
 
 
 @dataclass
 class RolloutConfig:
-    engine: str = bounded("megatron", choices=ROLLOUT_ENGINES)  # native Megatron (the CPU default) or vLLM
+    # A registered engine (hybridflow.engines: native megatron, the CPU default, or vllm), or auto: the planner
+    # picks the one its cost model predicts faster for the plan (the plan carries the choice to the ranks).
+    engine: str = bounded(DEFAULT_ENGINE, choices=(*engine_names(), AUTO))
     # Share of each GPU the engine may take for weights + KV cache (vLLM semantics). The native engine
     # sizes its KV cache for the batch instead and only uses this as an upper bound.
     gpu_memory_utilization: float = bounded(0.5, gt=0, le=1)

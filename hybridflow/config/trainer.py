@@ -46,7 +46,7 @@ class TrainerConfig:
     parity_max_abs: float = bounded(1e-4, gt=0)  # rollout vs actor log-prob parity gate (at rollout_lag=0)
     # The gate (off-policy figures at lag 1) runs on steps 0, N, 2N, ...; the rollout returns log-probs only on
     # those steps (and on every step with algorithm.tis_cap > 0). 0 = never; None = the engine's default
-    # (hybridflow.config.rollout.PARITY_EVERY: 1 native, 10 vLLM).
+    # (its record's traits.parity_every, hybridflow.engines: 1 native, 10 vLLM).
     parity_every: int | None = bounded(None, ge=0)
     # 1: one-step-off asynchronous rollout (the rollout generates batch k+1 with the weights of step k-1 while
     # the actor trains on batch k); needs the rollout on GPUs the actor does not hold. 0: on-policy.

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from hybridflow.config.rollout import VLLM_VERSIONS
+from hybridflow.engines import engine_names, get_engine
 from hybridflow.launch.ports import free_port, port_is_free
 
 MIN_PYTHON = (3, 12)
@@ -49,14 +49,14 @@ class Needs:
     gpu_type: str | None = None
     gpu_memory_gib: float | None = None
     nodes: int = 1
-    engine: str = "megatron"
+    engine: str | None = None  # the rollout engine the plan runs (None: no experiment, every engine's package is info)
     master_port: int = 29500
 
     @classmethod
     def from_experiment(cls, cfg, plan) -> Needs:
         gpu = cfg.cluster.gpu_type != "cpu"
         return cls(cfg.name, plan.gpus_per_node if gpu else 0, cfg.cluster.gpu_type if gpu else None,
-                   cfg.cluster.gpu_memory_gib if gpu else None, plan.nodes, cfg.rollout.engine,
+                   cfg.cluster.gpu_memory_gib if gpu else None, plan.nodes, plan.rollout_engine,
                    cfg.distributed.master_port)
 
 
@@ -224,12 +224,18 @@ def check_packages(needs: Needs) -> list[Finding]:
         found.append(Finding("transformer-engine", "missing", "warn" if needs.gpus_per_node else "info",
                              "fused kernels for GPU training (optional: torch fallbacks are used)" if
                              needs.gpus_per_node else "", "pip install -e '.[te]'" if needs.gpus_per_node else ""))
-    vllm = _dist_version("vllm")
-    if needs.engine == "vllm" and (vllm is None or Version(vllm) not in SpecifierSet(VLLM_VERSIONS)):
-        found.append(Finding("vllm", vllm or "missing", "fail", f"vllm{VLLM_VERSIONS} for rollout.engine=vllm",
-                             "pip install -e '.[vllm]' (or set rollout.engine=megatron)"))
-    else:
-        found.append(Finding("vllm", vllm or "missing", "ok" if vllm else "info"))
+    for name in engine_names():  # each engine's own package (its record's traits.package)
+        need = get_engine(name).traits.package
+        if need is None:
+            continue
+        version = _dist_version(need.distribution)
+        if needs.engine == name and (version is None or Version(version) not in SpecifierSet(need.versions)):
+            others = " or ".join(n for n in engine_names() if n != name)
+            found.append(Finding(need.distribution, version or "missing", "fail",
+                                 f"{need.distribution}{need.versions} for rollout.engine={name}",
+                                 f"pip install -e '.[{need.extra}]' (or set rollout.engine={others})"))
+        else:
+            found.append(Finding(need.distribution, version or "missing", "ok" if version else "info"))
     return found
 
 

@@ -1,6 +1,7 @@
 """Placement: cluster GPUs, per-role meshes, memory estimates, the explicit planner and the auto search.
 
-Imports only hybridflow.config and hybridflow.errors (anything may import this package).
+Imports only hybridflow.config, hybridflow.engines (the engine records' pure part) and hybridflow.errors
+(anything may import this package).
 """
 
 from hybridflow.placement.cluster import GPU, cluster_gpus

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from hybridflow.config.experiment import ExperimentConfig
 from hybridflow.config.parallel import TRAINED_ROLES
+from hybridflow.engines import engine_names, engine_of, get_engine
 from hybridflow.errors import UserError
 from hybridflow.placement.cluster import GPU, nvlink_domain
 from hybridflow.placement.mesh import ParallelDims, RoleMesh
@@ -36,8 +37,8 @@ def check_layout_fits_model(cfg: ExperimentConfig, role: str, dims: ParallelDims
     heads, groups = model.num_attention_heads, model.num_key_value_heads
     if heads % tp:
         raise UserError(f"{field}.tp: {tp} does not divide {mfield}.num_attention_heads={heads}; use a divisor")
-    # vLLM replicates KV heads when TP exceeds them; megatron needs whole query groups per TP rank.
-    replicated_kv_ok = role == "rollout" and cfg.rollout.engine == "vllm" and tp % groups == 0
+    # An engine that replicates KV heads (vLLM) takes a TP above them; megatron needs whole query groups per rank.
+    replicated_kv_ok = role == "rollout" and engine_of(cfg).traits.replicates_kv_heads and tp % groups == 0
     if groups % tp and not replicated_kv_ok:
         raise UserError(
             f"{field}.tp: {tp} does not divide {mfield}.num_key_value_heads={groups} (query groups); "
@@ -67,7 +68,6 @@ def check_tp_groups_local(mesh: RoleMesh, gpus: Sequence[GPU], cfg: ExperimentCo
 
 def check_batch_sizes(cfg: ExperimentConfig, role: str, dims: ParallelDims) -> None:
     """Batches split evenly over DP and micro-batches."""
-    mbs = cfg.roles.get(role).micro_batch_size
     samples = cfg.data.train_batch_size * cfg.rollout.n_samples_per_prompt
     if role == "rollout":
         if cfg.data.train_batch_size % dims.dp:
@@ -76,6 +76,7 @@ def check_batch_sizes(cfg: ExperimentConfig, role: str, dims: ParallelDims) -> N
                 f"dp={dims.dp}; use a multiple of {dims.dp}"
             )
         return
+    mbs = cfg.roles.get(role).micro_batch_size
     unit = dims.dp * mbs
     if role in TRAINED_ROLES:
         if cfg.algorithm.mini_batch_size % unit:
@@ -121,13 +122,15 @@ def check_rollout_lag(cfg: ExperimentConfig, meshes: dict[str, RoleMesh]) -> Non
     """`trainer.rollout_lag=1` generates the next batch while the actor trains: the rollout needs its own GPUs."""
     if not cfg.trainer.rollout_lag or "rollout" not in meshes or "actor" not in meshes:
         return
-    if cfg.rollout.engine == "vllm":
+    engine = engine_of(cfg)
+    if not engine.traits.supports_rollout_lag:
         own_gpus = ("(placement=auto then plans its own GPUs)" if cfg.placement.mode == "auto"
                     else "with placement.resources.rollout on GPUs the actor does not hold")
+        lagging = [name for name in engine_names() if get_engine(name).traits.supports_rollout_lag]
         raise UserError(
-            "trainer.rollout_lag: 1 with rollout.engine=vllm has never run (it needs a rollout on GPUs of its own, "
-            "and no multi-GPU machine was available to verify it); set trainer.rollout_lag=0, or "
-            f"rollout.engine=megatron {own_gpus}"
+            f"trainer.rollout_lag: 1 with rollout.engine={engine.name} has never run (it needs a rollout on GPUs "
+            "of its own, and no multi-GPU machine was available to verify it); set trainer.rollout_lag=0, or "
+            f"rollout.engine={' or '.join(lagging)} {own_gpus}"
         )
     shared = sorted(set(meshes["actor"].ranks) & set(meshes["rollout"].ranks))
     if shared:
@@ -135,4 +138,16 @@ def check_rollout_lag(cfg: ExperimentConfig, meshes: dict[str, RoleMesh]) -> Non
             f"trainer.rollout_lag: 1 generates batch k+1 while the actor trains on batch k, but the rollout shares "
             f"the actor's GPUs {shared}; set placement.resources.rollout to GPUs the actor does not hold "
             "(e.g. placement=split_rollout on 4 GPUs) or trainer.rollout_lag=0"
+        )
+
+
+def check_rollout_engine(cfg: ExperimentConfig) -> None:
+    """The engine can run on this cluster: a GPU-only engine (its record's traits.gpu_only: vLLM) is refused on
+    a cpu cluster, as the run refuses it on a machine without CUDA."""
+    engine = engine_of(cfg)
+    if engine.traits.gpu_only and cfg.cluster.gpu_type == "cpu":
+        others = [n for n in engine_names() if not get_engine(n).traits.gpu_only]
+        raise UserError(
+            f"rollout.engine: {engine.name} runs on CUDA GPUs only and cluster.gpu_type is cpu; set "
+            f"rollout.engine={' or '.join(others)} (or auto), or pick a GPU cluster (cluster=...)"
         )

@@ -3,16 +3,18 @@
 Parts, per rank, summed over a node's ranks (then the node's own share), all counted at once: a
 conservative peak (the end-of-run checkpoint is written while the offloaded states still exist):
   processes    each training rank's process (Python, torch, the CUDA runtime's and NCCL's host state):
-               TRAINING_PROCESS_GIB; a vLLM rollout rank's engine process: VLLM_ENGINE_PROCESS_GIB; the node's
-               OS and launcher: NODE_SYSTEM_GIB. Round figures, not measured here.
+               TRAINING_PROCESS_GIB; a rollout engine's own process (its record's process_host_bytes: vLLM's
+               hybridflow.engines.vllm.VLLM_ENGINE_PROCESS_GIB); the node's OS and launcher: NODE_SYSTEM_GIB.
+               Round figures, not measured here.
   optimizer    megatron's HybridDeviceOptimizer (megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py,
                megatron-core 0.19) on the offloaded share f of the rank's distributed-optimizer shard (P / dp
                parameters): a host fp32 copy of each offloaded parameter (`clone().cpu()` then `.float()`,
                param_update_in_fp32), torch Adam's exp_avg and exp_avg_sq on it (fp32), and the pinned fp32
                buffer its gradients are copied into (`cpu_copy_map_grad`, pin_cpu_grads):
                16 bytes x f x P / dp. The grad buffer is page-locked: the OS can never swap it out.
-  rollout      vLLM's weights while it sleeps at `rollout.sleep_level=1` (level 1 moves them to host memory;
-               level 2 and the native engine drop nothing there): the rank's rollout shard.
+  rollout      the rank's rollout shard when its engine moves its weights to host memory while sleeping
+               (the record's weights_on_host_while_sleeping: vLLM at `rollout.sleep_level=1`; level 2 and the
+               native engine keep nothing there).
   checkpoint   the larger of the two writes (they never overlap):
                - the final HF export (`final_hf/`, always): TP rank 0 of each actor stage on DP replica 0
                  gathers the stage's full weights and safetensors' `save_file` serialises them in host memory;
@@ -34,6 +36,7 @@ from dataclasses import dataclass
 from hybridflow.config.experiment import ExperimentConfig
 from hybridflow.config.model import DTYPE_BYTES
 from hybridflow.config.parallel import MODEL_ROLES, TRAINED_ROLES, Role
+from hybridflow.engines import engine_of
 from hybridflow.placement.cluster import GPU
 from hybridflow.placement.memory import (
     GIB,
@@ -47,7 +50,6 @@ from hybridflow.placement.mesh import RoleMesh
 
 HOST_OPTIMIZER_BYTES_PER_PARAM = 16  # fp32 master 4 + Adam moments 8 + pinned fp32 grad copy 4
 TRAINING_PROCESS_GIB = 3.0
-VLLM_ENGINE_PROCESS_GIB = 4.0
 NODE_SYSTEM_GIB = 4.0
 
 
@@ -78,10 +80,10 @@ def rank_host_memory(cfg: ExperimentConfig, meshes: Mapping[str, RoleMesh], rank
         model = cfg.role_model(role)
         params = stage_params(model, role, mesh.tp, mesh.pp, stage)
         if role == Role.ROLLOUT:
-            if cfg.rollout.engine == "vllm":
-                processes += VLLM_ENGINE_PROCESS_GIB * GIB
-                if cfg.rollout.sleep_level == 1:
-                    rollout += params * DTYPE_BYTES[cfg.rollout.dtype or model.dtype]
+            engine = engine_of(cfg)
+            processes += engine.process_host_bytes()
+            if engine.weights_on_host_while_sleeping(cfg.rollout):
+                rollout += params * DTYPE_BYTES[cfg.rollout.dtype or model.dtype]
             continue
         if role in MODEL_ROLES:
             embedding = padded_vocab(model, mesh.tp) * model.hidden_size // mesh.tp

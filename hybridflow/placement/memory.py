@@ -1,8 +1,9 @@
 """Per-GPU memory estimate of one role (bytes), a pure function of model, layout and experiment.
 
 Parts and the rules used (P = parameters held by the GPU: its pipeline stage's share, TP-sharded):
-  weights      P x model dtype bytes. A native (megatron) rollout on the actor's exact GPUs and layout
-               shares the actor's tensors (weights handed over in place): 0.
+  weights      P x model dtype bytes. A rollout whose engine shares the actor's weights (its record's
+               traits.shares_actor_weights: the native engine) on the actor's exact GPUs and layout reads the
+               actor's tensors in place: 0.
   grads        P x 4 for trained roles (actor, critic): megatron keeps fp32 main grads for bf16 training.
   optimizer    Adam, distributed optimizer: (fp32 master copy 4 + two fp32 moments 8) = 12 bytes per
                parameter for bf16/fp16 models (8 for fp32 models, which need no master copy), sharded over
@@ -44,9 +45,10 @@ Parts and the rules used (P = parameters held by the GPU: its pipeline stage's s
                      samples; this bounds the runtime's count (the largest over DP replicas) for any lengths.
                The supervised warm-up (`trainer.warmup_sft_steps`) trains the actor on padded rows even when it
                packs (its tensors carry no sample lengths), so the actor then takes the larger of both shapes.
-  kv_cache     rollout only. vllm: gpu_memory_utilization x capacity - weights (vLLM pre-allocates it).
-               megatron: what the batch needs, 2 (K,V) x L/pp x max(kv_heads/t, 1) x head_dim x dtype bytes
-               per token, for (prompts x samples / DP) sequences of data.seq_length tokens.
+  kv_cache     rollout only, the engine record's `kv_cache_bytes` (hybridflow.engines) from what the batch
+               needs, 2 (K,V) x L/pp x max(kv_heads/t, 1) x head_dim x dtype bytes per token, for
+               (prompts x samples / DP) sequences of data.seq_length tokens. megatron: that;
+               vllm: gpu_memory_utilization x capacity - weights (vLLM pre-allocates it).
 Not counted: CUDA contexts (the vLLM engine process has its own), NCCL buffers, the bridge's buckets (256 MiB; a vLLM
 rank also keeps one bucket as the staging buffer it shares with its engine process), allocator
 fragmentation: `cluster.gpu_memory_headroom_gib` keeps room for them, and the planner's checks and the auto
@@ -62,7 +64,7 @@ from typing import Self
 from hybridflow.config.experiment import ExperimentConfig
 from hybridflow.config.model import DTYPE_BYTES, ModelConfig
 from hybridflow.config.parallel import TRAINED_ROLES, VALUE_HEAD_ROLES, Role, RoleConfig, micro_batch_split
-from hybridflow.errors import UserError
+from hybridflow.engines import engine_of
 from hybridflow.placement.mesh import ParallelDims
 from hybridflow.placement.param_count import layer_matmul_params
 
@@ -275,16 +277,17 @@ def kv_bytes_per_token(model: ModelConfig, tp: int, pp: int, dtype: str) -> int:
 def _rollout_memory(
     model: ModelConfig, tp: int, pp: int, dp: int, cfg: ExperimentConfig, weights: int
 ) -> MemoryEstimate:
+    """The rollout engine's weights and KV cache on one GPU: the engine's record sizes the cache from what
+    this replica's batch needs at full length."""
     dtype = cfg.rollout.dtype or model.dtype
-    if cfg.rollout.engine == "vllm":
-        budget = int(cfg.rollout.gpu_memory_utilization * cfg.cluster.gpu_memory_gib * GIB)
-        if budget <= weights:
-            raise UserError(
-                f"rollout.gpu_memory_utilization: {cfg.rollout.gpu_memory_utilization} x "
-                f"{cfg.cluster.gpu_memory_gib} GiB = {budget / GIB:.1f} GiB cannot hold the rollout weights "
-                f"({weights / GIB:.1f} GiB per GPU); raise it or roles.rollout.parallel.tp"
-            )
-        return MemoryEstimate(weights=weights, kv_cache=budget - weights)
     sequences = math.ceil(cfg.data.train_batch_size * cfg.rollout.n_samples_per_prompt / dp)
-    kv = sequences * cfg.data.seq_length * kv_bytes_per_token(model, tp, pp, dtype)
-    return MemoryEstimate(weights=weights, kv_cache=kv)
+    batch_kv = sequences * cfg.data.seq_length * kv_bytes_per_token(model, tp, pp, dtype)
+    return MemoryEstimate(weights=weights, kv_cache=engine_of(cfg).kv_cache_bytes(cfg, weights, batch_kv))
+
+
+def rollout_shares_actor_weights(cfg: ExperimentConfig, colocated: bool, actor_tp: int, actor_pp: int,
+                                 rollout_tp: int) -> bool:
+    """A rollout whose engine reads the actor's weights in place (its record's `shares_actor_weights`):
+    colocated with the actor, at its TP with PP 1 (the rollout generates at PP 1), in the model's dtype."""
+    return (engine_of(cfg).traits.shares_actor_weights and colocated and actor_pp == 1 and actor_tp == rollout_tp
+            and (cfg.rollout.dtype or cfg.model.dtype) == cfg.model.dtype)

@@ -15,12 +15,13 @@ from hybridflow.placement.checks import (
     check_batch_sizes,
     check_colocation,
     check_layout_fits_model,
+    check_rollout_engine,
     check_rollout_lag,
     check_tp_groups_local,
 )
 from hybridflow.placement.cluster import GPU, cluster_gpus
 from hybridflow.placement.host_memory import HostMemoryEstimate, node_host_memory
-from hybridflow.placement.memory import GIB, MemoryEstimate, estimate_role_memory
+from hybridflow.placement.memory import GIB, MemoryEstimate, estimate_role_memory, rollout_shares_actor_weights
 from hybridflow.placement.mesh import Dims, ParallelDims, RoleMesh
 from hybridflow.placement.offload import (
     offload_fractions,
@@ -48,6 +49,9 @@ class Plan:
     host_memory: dict[int, HostMemoryEstimate] = field(default_factory=dict)  # per node
     host_capacity_bytes: int | None = None  # per node (cluster.host_memory_gib); None: not checked
     offload_fractions: dict[str, float] = field(default_factory=dict)  # role -> optimizer share on the host
+    # The engine the rollout runs (rollout.engine=auto resolved: hybridflow.placement.engine_choice); the
+    # ranks build this one.
+    rollout_engine: str = ""
 
     @property
     def usable_bytes(self) -> int:
@@ -72,6 +76,7 @@ class Plan:
             "host_capacity_bytes": self.host_capacity_bytes,
             "host_memory": {str(n): m.to_json() for n, m in self.host_memory.items()},
             "offload_fractions": self.offload_fractions,
+            "rollout_engine": self.rollout_engine,
             "gpus": [{"rank": g.rank, "node": g.node, "local_index": g.local_index} for g in self.gpus],
             "meshes": {role: mesh.to_json() for role, mesh in self.meshes.items()},
             "rank_roles": {str(r): list(roles) for r, roles in self.rank_roles.items()},
@@ -135,6 +140,7 @@ def build_plan(
 
     The auto planner calls this with its chosen ranks and layouts, so every plan passes the same checks.
     """
+    check_rollout_engine(cfg)
     gpus = cluster_gpus(cfg.cluster)
     ranks = {r: tuple(role_ranks[r]) for r in ROLES if r in role_ranks}
     check_colocation(cfg, ranks)
@@ -179,6 +185,7 @@ def build_plan(
         host_memory=node_host_memory(cfg, meshes, gpus),
         host_capacity_bytes=None if cfg.cluster.host_memory_gib is None else int(cfg.cluster.host_memory_gib * GIB),
         offload_fractions=offload_fractions(cfg, tuple(meshes)),
+        rollout_engine=cfg.rollout.engine,
     )
     if cfg.placement.check_memory:
         check_memory(plan)
@@ -190,14 +197,8 @@ def _memory_by_rank(
     cfg: ExperimentConfig, meshes: dict[str, RoleMesh], gpus: tuple[GPU, ...]
 ) -> dict[int, dict[str, MemoryEstimate]]:
     actor, rollout = meshes.get("actor"), meshes.get("rollout")
-    shares = (
-        cfg.rollout.engine == "megatron"
-        and actor is not None
-        and rollout is not None
-        and set(actor.ranks) == set(rollout.ranks)
-        and (actor.tp, actor.pp) == (rollout.tp, rollout.pp)
-        and (cfg.rollout.dtype or cfg.model.dtype) == cfg.model.dtype
-    )
+    shares = (actor is not None and rollout is not None and rollout_shares_actor_weights(
+        cfg, set(actor.ranks) == set(rollout.ranks), actor.tp, actor.pp, rollout.tp))
     out: dict[int, dict[str, MemoryEstimate]] = {g.rank: {} for g in gpus}
     for role, mesh in meshes.items():
         model = cfg.role_model(role)

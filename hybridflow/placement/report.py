@@ -31,7 +31,7 @@ def set_memory_bytes(plan: Plan) -> dict[str, int]:
 def plan_summary(plan: Plan) -> str:
     """One line: GPU count and each role's layout and GPUs (the run's header)."""
     roles = ", ".join(f"{role} tp{m.tp} pp{m.pp} dp{m.dp} on {_short(m.ranks)}" for role, m in plan.meshes.items())
-    return f"{plan.world_size} GPUs ({plan.nodes} node(s)): {roles}"
+    return f"{plan.world_size} GPUs ({plan.nodes} node(s)): {roles}; rollout engine {plan.rollout_engine}"
 
 
 def format_plan(plan: Plan) -> str:

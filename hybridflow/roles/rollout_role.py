@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
@@ -9,16 +10,14 @@ import torch
 import torch.distributed as dist
 
 from hybridflow.data.step_batch import StepBatch
+from hybridflow.engines import get_engine
 from hybridflow.placement import RoleMesh
 from hybridflow.roles.exchange import share_from_role
 from hybridflow.roles.model_role import ModelRole
-from hybridflow.rollout.base import RolloutBatch, RolloutEngine, SamplingParams
-from hybridflow.rollout.engine_host import start_hosted_engine
-from hybridflow.rollout.megatron_engine import MegatronRolloutEngine
-from hybridflow.rollout.vllm_engine import VllmEngineSpec, VllmRolloutEngine
-from megatron_adapters.bridge import ReshardStats, TargetFormat, WeightBridge, training_shards
+from hybridflow.rollout.base import EngineSetup, RolloutBatch, RolloutBuilder, RolloutEngine, SamplingParams
+from megatron_adapters.bridge import ReshardStats, WeightBridge, training_shards
 from megatron_adapters.checkpoint import unwrap
-from megatron_adapters.model import build_gpt, model_shape
+from megatron_adapters.model import model_shape
 
 
 class LocalSamples(NamedTuple):
@@ -111,24 +110,21 @@ def _free_gib() -> float | None:
 
 
 def build_rollout_role(
-    mesh: RoleMesh, groups, reshard_plan, hf_dir: str, dtype: torch.dtype, sampling: SamplingParams,
-    device: torch.device, vllm_spec: VllmEngineSpec | None = None, bucket_bytes: int = 256 << 20,
-    timeout_s: float = 1800.0,
+    engine: str, setup: EngineSetup, reshard_plan, sampling: SamplingParams, bucket_bytes: int = 256 << 20,
 ) -> RolloutRole:
-    """The rollout engine on its ranks and the bridge that feeds it. Collective.
+    """The rollout engine `engine` (a registered name, the plan's rollout_engine) on its ranks and the bridge
+    that feeds it. Collective.
 
-    Native Megatron runs inside this process at the rollout's TP; vLLM (`vllm_spec`) runs in an engine
-    process per rollout rank (`engine_host`), fed bucket by bucket through a staging buffer.
+    The engine's record names its builder as an import path (hybridflow.engines); it is resolved here, the
+    one place that imports engine code, and says which layout the bridge writes and whether it stages it.
     """
-    shape = model_shape(hf_dir)
-    target = TargetFormat.VLLM if vllm_spec is not None else TargetFormat.MEGATRON
-    bridge = WeightBridge(reshard_plan, shape, target, dtype=dtype, bucket_bytes=bucket_bytes, device=device,
-                          staged=vllm_spec is not None)
-    engine: RolloutEngine | None = None
-    if vllm_spec is not None:
-        engine = start_hosted_engine(VllmRolloutEngine.create, (vllm_spec,), mesh, bridge.bucket_shapes(), dtype,
-                                     device, timeout_s)
-    elif groups is not None:
-        model = build_gpt(hf_dir, groups, head="lm", dtype=dtype, spec="decode").to(device)
-        engine = MegatronRolloutEngine(model, groups.tp, vocab_size=shape.vocab_size)
-    return RolloutRole(mesh, engine, bridge, sampling, device)
+    builder = resolve_builder(get_engine(engine).builder)
+    bridge = WeightBridge(reshard_plan, model_shape(setup.hf_dir), builder.target, dtype=setup.dtype,
+                          bucket_bytes=bucket_bytes, device=setup.device, staged=builder.staged)
+    return RolloutRole(setup.mesh, builder.build(setup, bridge), bridge, sampling, setup.device)
+
+
+def resolve_builder(path: str) -> RolloutBuilder:
+    """The `RolloutBuilder` an engine record names as "package.module:ATTRIBUTE"."""
+    module, _, attribute = path.partition(":")
+    return getattr(importlib.import_module(module), attribute)

@@ -8,9 +8,14 @@ are plain 0..T-1 in every engine and in training.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
+
+if TYPE_CHECKING:
+    from hybridflow.config.rollout import RolloutConfig
+    from hybridflow.placement import RoleMesh
+    from megatron_adapters.bridge import TargetFormat, WeightBridge
 
 
 @dataclass(frozen=True)
@@ -74,4 +79,35 @@ class RolloutEngine(Protocol):
 
     def wake_up(self, tags: tuple[str, ...] = ("weights", "kv_cache")) -> None:
         """Take memory again before sync / generation."""
+        ...
+
+
+@dataclass(frozen=True)
+class EngineSetup:
+    """What a rollout rank knows when it builds its engine (every rank builds; off the rollout `groups` is None).
+
+    rollout: the experiment's rollout settings (engine-only fields such as sleep_level, engine_args);
+    mesh: the rollout mesh in the bridge's generation order; groups: this rank's rollout process groups;
+    hf_dir: the HF checkpoint that shapes the engine (its weights come from the bridge); seed: trainer.seed.
+    """
+
+    rollout: RolloutConfig
+    mesh: RoleMesh
+    groups: Any
+    hf_dir: str
+    dtype: torch.dtype
+    device: torch.device
+    seed: int
+    timeout_s: float = 1800.0
+
+
+class RolloutBuilder(Protocol):
+    """How an engine is built for a rollout rank: the object an engine record's `builder` path names
+    (hybridflow.engines), resolved by hybridflow.roles.rollout_role only."""
+
+    target: TargetFormat  # the weight layout the bridge writes into the engine
+    staged: bool  # the engine lives in another process: the bridge writes a staging buffer
+
+    def build(self, setup: EngineSetup, bridge: WeightBridge) -> RolloutEngine | None:
+        """This rank's engine (None off the rollout). Collective over the job, as the bridge is."""
         ...

@@ -15,10 +15,12 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from hybridflow.rollout.base import RolloutBatch, SamplingParams
+from hybridflow.rollout.base import EngineSetup, RolloutBatch, SamplingParams
 from hybridflow.rollout.decode_step import ATTEND_BUCKET, DecodeStep
 from hybridflow.rollout.sampling import sample_next
+from megatron_adapters.bridge import TargetFormat, WeightBridge
 from megatron_adapters.decode_cache import attach_decode_cache, last_position_logits
+from megatron_adapters.model import build_gpt, model_shape
 
 # Reading `done` on the host synchronises with the device; on a GPU checking every few steps lets the host
 # queue the next steps' kernels meanwhile (steps after every row is done write only padding).
@@ -112,3 +114,20 @@ class MegatronRolloutEngine:
 
     def wake_up(self, tags: tuple[str, ...] = ("weights", "kv_cache")) -> None:
         """Nothing to take back (see `sleep`)."""
+
+
+class MegatronBuilder:
+    """Builds the native engine in this process at the rollout's TP; the bridge writes Megatron's layout into
+    its parameters in place (hybridflow.engines.megatron's record names `BUILDER`)."""
+
+    target = TargetFormat.MEGATRON
+    staged = False
+
+    def build(self, setup: EngineSetup, bridge: WeightBridge) -> MegatronRolloutEngine | None:
+        if setup.groups is None:
+            return None
+        model = build_gpt(setup.hf_dir, setup.groups, head="lm", dtype=setup.dtype, spec="decode").to(setup.device)
+        return MegatronRolloutEngine(model, setup.groups.tp, vocab_size=model_shape(setup.hf_dir).vocab_size)
+
+
+BUILDER = MegatronBuilder()

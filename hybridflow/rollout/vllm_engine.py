@@ -1,6 +1,6 @@
 """vLLM rollout engine: one vLLM `LLM` per rollout rank, in the engine process that rank starts.
 
-Works with vLLM 0.20 through 0.34 (`hybridflow.config.rollout.VLLM_VERSIONS`; every version-dependent call
+Works with vLLM 0.20 through 0.34 (`hybridflow.engines.vllm.VLLM_VERSIONS`; every version-dependent call
 is in this module). Each engine process (`hybridflow.rollout.engine_host`) builds its `LLM` with
 `distributed_executor_backend="external_launcher"`: vLLM reuses the engine processes' torch.distributed world
 (and runs its V1 engine core in-process) and cuts it into TP groups of consecutive ranks
@@ -25,7 +25,9 @@ import torch
 from hybridflow.config.model import DTYPES
 from hybridflow.errors import UserError
 from hybridflow.placement import RoleMesh
-from hybridflow.rollout.base import RolloutBatch, SamplingParams
+from hybridflow.rollout.base import EngineSetup, RolloutBatch, SamplingParams
+from hybridflow.rollout.engine_host import HostedEngine, start_hosted_engine
+from megatron_adapters.bridge import TargetFormat, WeightBridge
 
 # Set by this engine, never by rollout.engine_args: they define how vLLM lives inside the job.
 RESERVED_ENGINE_ARGS = frozenset(
@@ -265,3 +267,30 @@ class VllmRolloutEngine:
             raise ValueError(f"wake_up tags {sorted(unknown)} are not in {SLEEP_TAGS}")
         self.llm.wake_up(tags=list(tags))
         self.asleep -= set(tags)
+
+
+def engine_spec(setup: EngineSetup) -> VllmEngineSpec:
+    """The engine's spec from the experiment's rollout settings and the rollout mesh's TP."""
+    r = setup.rollout
+    dtype = next(name for name, attr in DTYPES.items() if getattr(torch, attr) == setup.dtype)
+    return VllmEngineSpec(model_path=setup.hf_dir, tp=setup.mesh.tp, dtype=dtype,
+                          gpu_memory_utilization=r.gpu_memory_utilization, sleep_level=r.sleep_level,
+                          seed=setup.seed, seed_mode=r.seed_mode, engine_args=r.engine_args)
+
+
+class VllmBuilder:
+    """Starts an engine process per rollout rank (`engine_host`), fed bucket by bucket through a staging
+    buffer in vLLM's fused layout (hybridflow.engines.vllm's record names `BUILDER`)."""
+
+    target = TargetFormat.VLLM
+    staged = True
+
+    def build(self, setup: EngineSetup, bridge: WeightBridge) -> HostedEngine | None:
+        if not torch.cuda.is_available():  # the planner refuses vLLM on a cpu cluster; here, without CUDA
+            raise UserError("rollout.engine: vllm runs on CUDA GPUs only and this machine has none visible "
+                            "(torch.cuda.is_available() is False); set rollout.engine=megatron (or auto)")
+        return start_hosted_engine(VllmRolloutEngine.create, (engine_spec(setup),), setup.mesh,
+                                   bridge.bucket_shapes(), setup.dtype, setup.device, setup.timeout_s)
+
+
+BUILDER = VllmBuilder()

@@ -29,8 +29,7 @@ from hybridflow.roles.model_role import (
     role_config_overrides,
 )
 from hybridflow.roles.rollout_role import build_rollout_role
-from hybridflow.rollout.base import SamplingParams
-from hybridflow.rollout.vllm_engine import VllmEngineSpec
+from hybridflow.rollout.base import EngineSetup, SamplingParams
 from hybridflow.trainer.model_files import ensure_model_files, role_model_dirs
 from hybridflow.trainer.rewarding import build_scorer
 from hybridflow.trainer.rl_trainer import TRIM_MULTIPLE, RLTrainer
@@ -116,16 +115,11 @@ def build_run(cfg: ExperimentConfig, plan: Plan, work_dir: Path) -> BuiltRun:
         )
 
     sampling = rollout_sampling(cfg, tokenizer)
-    rollout_dtype = cfg.rollout.dtype or cfg.model.dtype
-    vllm_spec = None
-    if cfg.rollout.engine == "vllm":
-        vllm_spec = VllmEngineSpec(
-            model_path=hf_dir, tp=meshes["rollout"].tp, dtype=rollout_dtype,
-            gpu_memory_utilization=cfg.rollout.gpu_memory_utilization, sleep_level=cfg.rollout.sleep_level,
-            seed=cfg.trainer.seed, seed_mode=cfg.rollout.seed_mode, engine_args=cfg.rollout.engine_args,
-        )
-    rollout = build_rollout_role(meshes["rollout"], groups["rollout"], reshard_plan, hf_dir, torch_dtype(rollout_dtype),
-                                 sampling, device, vllm_spec, timeout_s=cfg.distributed.timeout_s)
+    rollout_dtype = torch_dtype(cfg.rollout.dtype or cfg.model.dtype)
+    setup = EngineSetup(rollout=cfg.rollout, mesh=meshes["rollout"], groups=groups["rollout"], hf_dir=hf_dir,
+                        dtype=rollout_dtype, device=device, seed=cfg.trainer.seed,
+                        timeout_s=cfg.distributed.timeout_s)
+    rollout = build_rollout_role(plan.rollout_engine, setup, reshard_plan, sampling)  # the engine the plan chose
     rollout.sync(roles.get("actor"))  # the engine starts from the actor's weights, through the bridge
     alg = cfg.algorithm
     trainer = RLTrainer(

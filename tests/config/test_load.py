@@ -92,10 +92,10 @@ def test_group_selection_and_named_submodels():
 @pytest.mark.parametrize(
     "overrides, match",
     [
-        (["roles.actor.parallel.tpp=2"], r"^roles\.actor\.parallel\.tpp: unknown key"),
         (["+foo=1"], r"^foo: unknown key"),
         (["+roles.actor.foo=1"], r"^roles\.actor\.foo: unknown key"),
-        (["roles.actr.enabled=true"], r"^roles\.actr: unknown key"),
+        (["roles.actr.enabled=true"], r"^roles\.actr: unknown key; roles takes actor, critic, ref, reward, rollout$"),
+        (["roles.actor.parallel.tpp=2"], r"^roles\.actor\.parallel\.tpp: unknown key; roles\.actor\.parallel takes"),
         (
             ["roles.actor.parallel.tp=abc"],
             r"^roles\.actor\.parallel\.tp: .*could not be converted to Integer",
@@ -104,7 +104,7 @@ def test_group_selection_and_named_submodels():
         (["placement.resources.actor=5"], r"^placement\.resources\.actor: "),
         (["model=nope"], r"^model: no config 'nope' in conf/model/; use one of .*llama3_8b"),
         (["critic_model.hidden_size=64"], r"^critic_model\.hidden_size: its parent critic_model is null"),
-        (["rollout.engine=sglang"], r"^rollout\.engine: 'sglang' is unknown; use one of megatron, vllm"),
+        (["rollout.engine=sglang"], r"^rollout\.engine: 'sglang' is unknown; use one of megatron, vllm, auto$"),
         (["cluster.gpu_type=TPU"], r"^cluster\.gpu_type: 'TPU' is unknown"),
         (
             ["model.architecture=GPT2LMHeadModel"],
@@ -121,6 +121,21 @@ def test_bad_config_names_the_key(overrides, match):
     with pytest.raises(UserError, match=match) as err:
         load_experiment("tiny_cpu", overrides)
     assert "\n" not in str(err.value) and ";" in str(err.value)
+
+
+@pytest.mark.parametrize("override, node, takes", [
+    ("roles.rollout.parallel.pp=2", "roles.rollout.parallel", "tp, dp"),
+    ("roles.rollout.micro_batch_size=4", "roles.rollout", "parallel"),
+    ("+roles.rollout.offload_optimizer=true", "roles.rollout", "parallel"),
+    ("roles.rollout.activation_recompute=full", "roles.rollout", "parallel"),
+    ("roles.rollout.enabled=false", "roles.rollout", "parallel"),
+])
+def test_rollout_role_takes_only_its_mesh(override, node, takes):
+    # a trained role's knobs (pp, micro-batches, offload, recompute) were never read for the rollout
+    key = override.lstrip("+").split("=")[0]
+    with pytest.raises(UserError) as err:
+        load_experiment("tiny_cpu", [override])
+    assert str(err.value) == f"{key}: unknown key; {node} takes {takes}"
 
 
 def test_unknown_experiment():

@@ -3,13 +3,10 @@
 import pytest
 
 from hybridflow.config import load_experiment
+from hybridflow.engines.vllm import VLLM_ENGINE_PROCESS_GIB
 from hybridflow.errors import UserError
 from hybridflow.placement import GIB, plan_placement
-from hybridflow.placement.host_memory import (
-    NODE_SYSTEM_GIB,
-    TRAINING_PROCESS_GIB,
-    VLLM_ENGINE_PROCESS_GIB,
-)
+from hybridflow.placement.host_memory import NODE_SYSTEM_GIB, TRAINING_PROCESS_GIB
 from hybridflow.placement.memory import stage_params
 from hybridflow.placement.report import format_plan
 

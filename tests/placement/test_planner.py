@@ -203,8 +203,13 @@ BAD_INPUTS = {
     ),
     "rollout_lag_with_vllm": (
         "tiny_cpu",
-        ["trainer.rollout_lag=1", "rollout=vllm"],
+        ["trainer.rollout_lag=1", "rollout=vllm", "cluster=1node_4gpu"],
         r"^trainer\.rollout_lag: 1 with rollout\.engine=vllm has never run",
+    ),
+    "vllm_on_a_cpu_cluster": (  # vLLM is GPU-only: the run would refuse it without CUDA
+        "tiny_cpu",
+        ["rollout=vllm"],
+        r"^rollout\.engine: vllm runs on CUDA GPUs only and cluster\.gpu_type is cpu; set rollout\.engine=megatron",
     ),
     "vllm_budget_below_weights": (
         "ppo_llama3_8b",

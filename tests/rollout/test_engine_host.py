@@ -136,10 +136,12 @@ def _native_engine(hf_dir: str, mesh):
 def _hosted_vs_in_process(hf_dir: str):
     import torch.distributed as dist
 
+    from hybridflow.config.rollout import RolloutConfig
     from hybridflow.data.step_batch import StepBatch
     from hybridflow.placement import RoleMesh
     from hybridflow.placement.reshard_plan import GenerationLayout, TrainingLayout, build_reshard_plan
     from hybridflow.roles.rollout_role import RolloutRole, build_rollout_role
+    from hybridflow.rollout.base import EngineSetup
     from hybridflow.rollout.engine_host import start_hosted_engine
     from megatron_adapters.bridge import TargetFormat, WeightBridge
     from megatron_adapters.hf_safetensors import load_hf_weights
@@ -157,7 +159,9 @@ def _hosted_vs_in_process(hf_dir: str):
         load_hf_weights(model, hf_dir)
         actor = SimpleNamespace(model=model)
     sampling = SamplingParams(max_new_tokens=5, temperature=1.0, seed=11)
-    here = build_rollout_role(mesh, rollout_groups, plan, hf_dir, fp32, sampling, cpu, bucket_bytes=32 << 10)
+    setup = EngineSetup(rollout=RolloutConfig(), mesh=mesh, groups=rollout_groups, hf_dir=hf_dir, dtype=fp32,
+                        device=cpu, seed=0)
+    here = build_rollout_role("megatron", setup, plan, sampling, bucket_bytes=32 << 10)
     bridge = WeightBridge(plan, model_shape(hf_dir), TargetFormat.MEGATRON, dtype=fp32, bucket_bytes=32 << 10,
                           device=cpu, staged=True)
     hosted = RolloutRole(mesh, start_hosted_engine(_native_engine, (hf_dir,), mesh, bridge.bucket_shapes(), fp32,

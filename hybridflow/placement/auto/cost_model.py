@@ -6,9 +6,11 @@
   at least the HBM traffic of its weight shard (roofline); 2048-token micro-batches are far above it.
 - Generation on the device is memory-bound: every decode step streams the weight shard and the KV cache of
   the batch from HBM, plus per-layer latencies (TP all-reduces, kernel launches); prefill is compute-bound.
-  Both engines replay CUDA graphs. vLLM streams at `hbm_efficiency` plus an assumed launch term per layer;
-  the native engine (graphs of megatron-core forwards, eager sampling) streams at its own rate plus a fixed
-  time per step and a time per batch row and hidden unit, fitted on one H200 (device.py NATIVE_DECODE). When a
+  The engine's record (hybridflow.engines, `decode_terms`) gives the share of HBM bandwidth the stream reaches,
+  a launch term per layer and a host time per step: vLLM streams at `hbm_efficiency` plus an assumed launch
+  term per layer; the native engine (graphs of megatron-core forwards, eager sampling) streams at its own rate
+  plus a fixed time per step and a time per batch row and hidden unit, fitted on one H200 (device.py
+  NATIVE_DECODE). When a
   replica's batch does not fit the rollout's KV budget, it runs in waves.
   The bridge (training -> rollout layout, HybridFlow Table 2) and the rollout's sleep/wake weight copies
   to host memory are charged here.
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import math
 
+from hybridflow.engines import get_engine
 from hybridflow.placement.auto.comm import allreduce_time, bridge_time, p2p_time, tp_allreduce_time
 from hybridflow.placement.auto.device import DeviceSpec, Efficiency
 from hybridflow.placement.auto.strategy import Strategy
@@ -118,14 +121,10 @@ def generation_breakdown(role: RoleWork, s: Strategy, workload: Workload, device
         return {"decode_kv": math.inf}
     waves = math.ceil(batch / capacity)
     wave = math.ceil(batch / waves)
-    # The native engine replays CUDA graphs of megatron-core forwards and samples eagerly; its figures are
-    # fitted to measured steps (TP 1), so it has no separate launch term. The per-row term is not divided by
-    # the TP size: the fit cannot say how much of it is replicated work (norms, residuals, sampling).
-    native = workload.rollout_engine == "megatron"
-    hbm = device.hbm_bytes_per_s * (eff.native_decode_hbm_efficiency if native else eff.hbm_efficiency)
-    launch = 0.0 if native else eff.decode_layer_overhead_s
-    host = (eff.native_decode_step_overhead_s + wave * m.hidden_size * eff.native_decode_s_per_row_hidden
-            if native else eff.vllm_decode_step_overhead_s)
+    # The engine's record gives its decode-step terms (hybridflow.engines: native and vLLM differ).
+    terms = get_engine(workload.rollout_engine).decode_terms(eff, wave, m.hidden_size)
+    hbm = device.hbm_bytes_per_s * terms.hbm_efficiency
+    launch, host = terms.layer_launch_s, terms.step_host_s
 
     prefill = m.forward_flops_per_token(prompt / 2) * wave * prompt / (g * device.peak_flops * eff.prefill_mfu)
     prefill += 2 * m.num_layers * tp_allreduce_time(wave * prompt * m.hidden_size * m.dtype_bytes, g,

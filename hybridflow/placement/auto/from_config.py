@@ -8,6 +8,7 @@ import copy
 from hybridflow.config.experiment import ExperimentConfig
 from hybridflow.config.model import ModelConfig
 from hybridflow.config.parallel import TRAINED_ROLES, VALUE_HEAD_ROLES
+from hybridflow.engines import engine_of
 from hybridflow.errors import UserError
 from hybridflow.placement.auto.device import DeviceSpec, Efficiency, efficiency_for
 from hybridflow.placement.auto.explain import Explanation, explain
@@ -25,7 +26,7 @@ from hybridflow.placement.auto.workload import (
     split_rollout,
 )
 from hybridflow.placement.checks import check_batch_sizes
-from hybridflow.placement.memory import GIB, estimate_role_memory, offloaded_share
+from hybridflow.placement.memory import GIB, estimate_role_memory, offloaded_share, rollout_shares_actor_weights
 from hybridflow.placement.mesh import Dims
 from hybridflow.placement.planner import Plan, build_plan
 from hybridflow.placement.report import set_memory_bytes
@@ -43,11 +44,12 @@ def model_shape(model: ModelConfig, role: str) -> ModelCostShape:
 
 
 def one_step_off(cfg: ExperimentConfig) -> bool:
-    """trainer.rollout_lag=1 on the native engine: the rollout is searched as a role on GPUs of its own.
+    """trainer.rollout_lag=1 on an engine that supports it (its record's traits.supports_rollout_lag): the
+    rollout is searched as a role on GPUs of its own.
 
-    vLLM at lag 1 is planned as at lag 0, so build_plan's check_rollout_lag refuses it with its own reason.
+    Another engine at lag 1 is planned as at lag 0, so build_plan's check_rollout_lag refuses it with its reason.
     """
-    return bool(cfg.trainer.rollout_lag) and cfg.rollout.engine == "megatron"
+    return bool(cfg.trainer.rollout_lag) and engine_of(cfg).traits.supports_rollout_lag
 
 
 def workload_from_config(cfg: ExperimentConfig) -> Workload:
@@ -63,7 +65,7 @@ def workload_from_config(cfg: ExperimentConfig) -> Workload:
                     prompt_length=cfg.data.max_prompt_length,
                     response_length=cfg.data.seq_length - cfg.data.max_prompt_length,
                     mini_batch_size=cfg.algorithm.mini_batch_size, ppo_epochs=cfg.algorithm.ppo_epochs,
-                    rollout_offloads_weights=cfg.rollout.engine == "vllm" and cfg.rollout.sleep_level == 1,
+                    rollout_offloads_weights=engine_of(cfg).weights_on_host_while_sleeping(cfg.rollout),
                     rollout_engine=cfg.rollout.engine, rollout_lag=int(lag))
 
 
@@ -75,10 +77,9 @@ def memory_from_config(cfg: ExperimentConfig) -> MemoryFn:
     """The foundation's `estimate_role_memory` as the search's memory callable (worst pipeline stage).
 
     The actor's figure adds the rollout colocated with it at (gen_tp, pp 1, gen_dp); a native rollout at
-    the actor's exact layout shares its weights, as `build_plan` counts it. A rollout on GPUs of its own
-    (rollout_lag=1) counts only itself: no actor weights to share.
+    the actor's exact layout shares its weights (`rollout_shares_actor_weights`), as `build_plan` counts it.
+    A rollout on GPUs of its own (rollout_lag=1) counts only itself: no actor weights to share.
     """
-    same_dtype = (cfg.rollout.dtype or cfg.model.dtype) == cfg.model.dtype
 
     def memory(role: str, s: Strategy) -> tuple[float, float] | None:
         try:
@@ -88,7 +89,7 @@ def memory_from_config(cfg: ExperimentConfig) -> MemoryFn:
             est = estimate_role_memory(cfg.role_model(role), role, Dims(s.tp, s.pp, s.dp), cfg)
             if not s.gen_tp:
                 return float(est.total), 0.0
-            shares = cfg.rollout.engine == "megatron" and s.pp == 1 and s.gen_tp == s.tp and same_dtype
+            shares = rollout_shares_actor_weights(cfg, True, s.tp, s.pp, s.gen_tp)
             gen = estimate_role_memory(cfg.model, "rollout", rollout_dims(s), cfg,
                                        shares_actor_weights=shares)
         except UserError:
@@ -150,7 +151,9 @@ def config_with_plan(cfg: ExperimentConfig, plan: Plan) -> ExperimentConfig:
     out = copy.deepcopy(cfg)
     for role, mesh in plan.meshes.items():
         par = out.roles.get(role).parallel
-        par.tp, par.pp, par.dp = mesh.tp, mesh.pp, mesh.dp
+        par.tp, par.dp = mesh.tp, mesh.dp
+        if role != ROLLOUT:  # the rollout's pp is always 1 (RolloutParallelConfig)
+            par.pp = mesh.pp
     return out
 
 

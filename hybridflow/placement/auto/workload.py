@@ -120,10 +120,10 @@ class Workload:
     mini_batch_size: int  # samples per optimizer step
     ppo_epochs: int = 1
     # The rollout copies its weight shard to host memory when it sleeps after generating and back when it
-    # wakes before the bridge writes new weights (vLLM sleep level 1); level 2 and the native engine do not.
+    # wakes before the bridge writes new weights (the engine record's weights_on_host_while_sleeping).
     rollout_offloads_weights: bool = False
-    # "vllm" (HybridFlow's setting) or "megatron" (the native engine, which streams at its own measured rate,
-    # `Efficiency.native_decode_hbm_efficiency`).
+    # A registered engine's name (hybridflow.engines): its record's decode terms price generation. "vllm" is
+    # HybridFlow's setting.
     rollout_engine: str = "vllm"
     # 1: the rollout generates batch k+1 on its own GPUs while the other roles consume batch k.
     rollout_lag: int = 0

@@ -98,7 +98,7 @@ def test_one_gpu_is_one_clear_error(capsys):
 
 def test_vllm_at_lag_1_is_still_refused_by_check_rollout_lag():
     with pytest.raises(UserError, match=r"^trainer\.rollout_lag: 1 with rollout\.engine=vllm has never run") as e:
-        plan_placement(load_experiment("tiny_cpu", [*LAG1, "rollout=vllm"]))
+        plan_placement(load_experiment("tiny_cpu", [*LAG1, "rollout=vllm", "cluster=1node_4gpu"]))
     assert "placement=auto then plans its own GPUs" in str(e.value)  # not placement.resources, ignored in auto
 
 

@@ -1,0 +1,139 @@
+"""What a rollout engine is to the rest of hybridflow: one record per engine, found by name.
+
+The record holds the engine's pure facts (traits, its memory and cost-model terms, the package it needs) so
+the config, the planner and the environment check can ask it without importing torch, megatron-core or the
+engine. How to build the engine for a rollout rank is named, not imported: `builder` is an import path
+("package.module:ATTRIBUTE") that only `hybridflow.roles.rollout_role` resolves, at build time, to an
+`RolloutBuilder` (hybridflow.rollout.base). This package imports nothing of hybridflow at run time, so
+hybridflow.config and hybridflow.placement may import it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Protocol
+
+from hybridflow.errors import UserError
+
+if TYPE_CHECKING:
+    from hybridflow.config.experiment import ExperimentConfig
+    from hybridflow.config.rollout import RolloutConfig
+
+AUTO = "auto"  # rollout.engine=auto: the planner picks the engine its cost model predicts faster
+
+
+@dataclass(frozen=True)
+class PackageRequirement:
+    """A distribution the engine needs, the versions it works with, and the setup.py extra that installs it."""
+
+    distribution: str
+    versions: str  # a PEP 440 specifier, e.g. ">=0.20,<0.35"
+    extra: str
+
+
+@dataclass(frozen=True)
+class EngineTraits:
+    """What the planner and the runtime may rely on.
+
+    gpu_only: runs on CUDA GPUs only (refused on a cpu cluster at plan time and without CUDA at run time).
+    sleeps: frees its KV cache between generations (and, `weights_on_host_while_sleeping`, moves weights).
+    supports_rollout_lag: can generate on GPUs of its own while the actor trains (trainer.rollout_lag=1).
+    shares_actor_weights: colocated at the actor's layout (TP, PP 1) and dtype, it reads the actor's weight
+        tensors in place and holds none of its own.
+    replicates_kv_heads: its TP may exceed num_key_value_heads (each rank keeps a copy of a KV head).
+    logprobs_free: its sampling log-probs cost nothing extra; `parity_every` is trainer.parity_every's
+        default (how often the actor's recomputed log-probs are compared with the engine's).
+    separate_process: runs in an engine process per rollout rank (its own host memory; the bridge writes
+        through a staging buffer).
+    package: the distribution it needs beyond hybridflow's own (None: nothing extra).
+    """
+
+    gpu_only: bool
+    sleeps: bool
+    supports_rollout_lag: bool
+    shares_actor_weights: bool
+    replicates_kv_heads: bool
+    logprobs_free: bool
+    parity_every: int
+    separate_process: bool
+    package: PackageRequirement | None = None
+
+
+@dataclass(frozen=True)
+class DecodeTerms:
+    """One decode step of the engine in the cost model: the share of HBM bandwidth its weight and KV stream
+    reaches, a launch latency per layer, and a host time per step (fixed, or growing with the batch)."""
+
+    hbm_efficiency: float
+    layer_launch_s: float
+    step_host_s: float
+
+
+class EngineRecord(Protocol):
+    """A rollout engine's record (see the module docstring). Implementations: hybridflow.engines.megatron,
+    hybridflow.engines.vllm."""
+
+    name: str
+    traits: EngineTraits
+    builder: str  # "package.module:ATTRIBUTE" of its RolloutBuilder, resolved by the rollout role only
+
+    def kv_cache_bytes(self, cfg: ExperimentConfig, weights: int, batch_kv: int) -> int:
+        """KV cache bytes per rollout GPU, given the GPU's weight shard (`weights`, 0 when shared with the actor)
+        and what this DP replica's batch needs at full length (`batch_kv`). Raises UserError (naming the field)
+        when the engine cannot run at all with these figures."""
+        ...
+
+    def weights_on_host_while_sleeping(self, rollout: RolloutConfig) -> bool:
+        """Whether sleeping moves the weight shard to host memory (and waking brings it back)."""
+        ...
+
+    def process_host_bytes(self) -> int:
+        """Host memory of the engine's own process per rollout rank (0 when it runs in the training process)."""
+        ...
+
+    def decode_terms(self, eff: Any, rows: int, hidden_size: int) -> DecodeTerms:
+        """The decode-step terms for a wave of `rows` sequences of a `hidden_size` model, from the cost model's
+        figures `eff` (hybridflow.placement.auto.device.Efficiency: the engine reads its own fields)."""
+        ...
+
+
+_REGISTRY: dict[str, EngineRecord] = {}
+
+
+def register_engine(record: EngineRecord) -> EngineRecord:
+    """Add `record` under its name (once per name)."""
+    if record.name in _REGISTRY or record.name == AUTO:
+        raise ValueError(f"rollout engine {record.name!r} is registered already (or reserved)")
+    _REGISTRY[record.name] = record
+    return record
+
+
+def engine_names() -> tuple[str, ...]:
+    """The registered engines, in registration order (the native engine first)."""
+    return tuple(_REGISTRY)
+
+
+def get_engine(name: str) -> EngineRecord:
+    """The record of engine `name`; `auto` is not an engine (the planner resolves it first)."""
+    if name == AUTO:
+        raise UserError("rollout.engine: auto is resolved by the planner (hybridflow.placement.plan_placement); "
+                        "ask the plan's rollout_engine, or set rollout.engine to one of " + ", ".join(_REGISTRY))
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise UserError(f"rollout.engine: {name!r} is unknown; use one of {', '.join((*_REGISTRY, AUTO))}") from None
+
+
+def engine_of(cfg: ExperimentConfig) -> EngineRecord:
+    """The record of `cfg.rollout.engine` (a resolved config: not auto)."""
+    return get_engine(cfg.rollout.engine)
+
+
+def with_engine(cfg: ExperimentConfig, name: str) -> ExperimentConfig:
+    """`cfg` with rollout.engine=`name` and the engine's defaults filled where unset (trainer.parity_every);
+    a shallow copy, `cfg` is left as it is."""
+    record = get_engine(name)
+    trainer = cfg.trainer
+    if trainer.parity_every is None:
+        trainer = replace(trainer, parity_every=record.traits.parity_every)
+    return replace(cfg, rollout=replace(cfg.rollout, engine=name), trainer=trainer)

@@ -1,0 +1,62 @@
+"""vLLM's record: one vLLM engine process per rollout rank (hybridflow.rollout.vllm_engine), fed by the
+bridge through a staging buffer, sleeping between generations. GPU only."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from hybridflow.engines.record import DecodeTerms, EngineTraits, PackageRequirement, register_engine
+from hybridflow.errors import UserError
+
+if TYPE_CHECKING:
+    from hybridflow.config.experiment import ExperimentConfig
+    from hybridflow.config.rollout import RolloutConfig
+
+GIB = 1024**3
+# The vLLM releases the engine supports (setup.py's [vllm] extra says the same; a test ties them).
+VLLM_VERSIONS = ">=0.20,<0.35"
+# Host memory of one engine process (Python, torch, vLLM, the CUDA runtime's host state): a round figure,
+# not measured here.
+VLLM_ENGINE_PROCESS_GIB = 4.0
+
+
+@dataclass(frozen=True)
+class VllmEngine:
+    name: str = "vllm"
+    builder: str = "hybridflow.rollout.vllm_engine:BUILDER"
+    traits: EngineTraits = field(default_factory=lambda: EngineTraits(
+        gpu_only=True, sleeps=True,
+        # never run: it needs a rollout on GPUs of its own and no multi-GPU machine was there to verify it
+        supports_rollout_lag=False,
+        shares_actor_weights=False, replicates_kv_heads=True,
+        # its log-probs cost ~15% of generation time (H200, 1B, 64 x 1024 tokens): the gate samples every 10th step
+        logprobs_free=False, parity_every=10, separate_process=True,
+        package=PackageRequirement("vllm", VLLM_VERSIONS, extra="vllm")))
+
+    def kv_cache_bytes(self, cfg: ExperimentConfig, weights: int, batch_kv: int) -> int:
+        """vLLM takes rollout.gpu_memory_utilization of the GPU and fills what its weights leave with KV cache."""
+        budget = int(cfg.rollout.gpu_memory_utilization * cfg.cluster.gpu_memory_gib * GIB)
+        if budget <= weights:
+            raise UserError(
+                f"rollout.gpu_memory_utilization: {cfg.rollout.gpu_memory_utilization} x "
+                f"{cfg.cluster.gpu_memory_gib} GiB = {budget / GIB:.1f} GiB cannot hold the rollout weights "
+                f"({weights / GIB:.1f} GiB per GPU); raise it or roles.rollout.parallel.tp"
+            )
+        return budget - weights
+
+    def weights_on_host_while_sleeping(self, rollout: RolloutConfig) -> bool:
+        """Sleep level 1 offloads the weights to host memory; level 2 drops them (the bridge rewrites them)."""
+        return rollout.sleep_level == 1
+
+    def process_host_bytes(self) -> int:
+        return int(VLLM_ENGINE_PROCESS_GIB * GIB)
+
+    def decode_terms(self, eff: Any, rows: int, hidden_size: int) -> DecodeTerms:
+        """CUDA graphs with an assumed launch term per layer, plus the fitted host time per step (scheduler,
+        sampling, the round trip to the engine process: device.py VLLM_DECODE)."""
+        return DecodeTerms(hbm_efficiency=eff.hbm_efficiency, layer_launch_s=eff.decode_layer_overhead_s,
+                           step_host_s=eff.vllm_decode_step_overhead_s)
+
+
+VLLM = register_engine(VllmEngine())
