@@ -1,8 +1,9 @@
 """Megatron GPTModel logits == HF transformers logits (fp32, max abs diff <= 1e-4) at TP {1,2,4} x PP {1,2}.
 
 One forked launch per world size checks every (model, layout) of that size: a GQA Llama with llama3 rope
-scaling, a Qwen2 with qkv bias, tied embeddings and a vocabulary (250) divisible by neither TP nor 128, and
-a Mistral whose sliding window (5) is shorter than the sequence (12).
+scaling, a Qwen2 with qkv bias, tied embeddings and a vocabulary (250) divisible by neither TP nor 128,
+a Mistral whose sliding window (5) is shorter than the sequence (12), and a Qwen3 with per-head q/k norms and
+head_dim 16 != hidden / heads = 8.
 
 World size 8 (TP4 x PP2) runs only on GPUs: with `HYBRIDFLOW_TEST_DEVICE=cuda` and at least 8 of them
 (benchmarks/multigpu.sh on an 8-GPU node); everywhere else, CPU CI included, it is skipped (8 gloo ranks of
@@ -40,7 +41,7 @@ EIGHT_GPUS = pytest.param(
 @pytest.fixture(scope="module")
 def hf_models(tmp_path_factory):
     cases = {}
-    for kind in ("llama", "qwen2", "mistral"):
+    for kind in ("llama", "qwen2", "mistral", "qwen3"):
         path = tmp_path_factory.mktemp(kind)
         model = save_tiny_model(kind, path, seed=1)
         ids = token_batch(model.config.vocab_size)
