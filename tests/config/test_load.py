@@ -30,7 +30,7 @@ def test_required_experiments_are_shipped():
     }
     assert required <= set(EXPERIMENTS)
     for group, names in {
-        "model": {"llama3_8b", "llama3_70b", "qwen2_7b", "tiny_llama"},
+        "model": {"llama3_8b", "llama3_70b", "qwen2_7b", "qwen3_0_6b", "tiny_llama"},
         "algorithm": {"ppo", "grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "dr_grpo", "gspo", "dapo"},
         "cluster": {"cpu", "1node_8gpu", "2node_8gpu", "1node_4gpu"},
         "placement": {"colocated", "split", "hybrid_2node"},
