@@ -30,7 +30,9 @@ class ModelConfig:
     a sequence-classification checkpoint (its `score` head is loaded). What the family fixes (qkv bias, q/k
     norms) is not a field here: the planner asks the family record (`family`)."""
 
-    architecture: str = bounded("LlamaForCausalLM", choices=supported_architectures())
+    # The registry's names when the config is checked, so a family registered by the user's own module is
+    # accepted like a built-in one.
+    architecture: str = bounded("LlamaForCausalLM", choices=supported_architectures)
     hidden_size: int = bounded(128, ge=1)
     intermediate_size: int = bounded(384, ge=1)
     num_hidden_layers: int = bounded(4, ge=1)
