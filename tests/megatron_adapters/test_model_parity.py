@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from tests.distributed_harness import default_device, run_distributed
-from tests.megatron_adapters.tiny_hf_models import hf_logits, pipeline_forward, save_tiny_model, token_batch
+from tests.megatron_adapters.tiny_hf_models import KINDS, hf_logits, pipeline_forward, save_tiny_model, token_batch
 
 TOLERANCE = 1e-4
 LAYOUTS = {1: [(1, 1)], 2: [(2, 1), (1, 2)], 4: [(4, 1), (2, 2)], 8: [(4, 2)]}
@@ -41,7 +41,7 @@ EIGHT_GPUS = pytest.param(
 @pytest.fixture(scope="module")
 def hf_models(tmp_path_factory):
     cases = {}
-    for kind in ("llama", "qwen2", "mistral", "qwen3"):
+    for kind in KINDS:  # every family the tiny-model factory builds
         path = tmp_path_factory.mktemp(kind)
         model = save_tiny_model(kind, path, seed=1)
         ids = token_batch(model.config.vocab_size)
