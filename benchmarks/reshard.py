@@ -38,11 +38,11 @@ from megatron_adapters.bridge import (  # noqa: E402  (after the repo-root path 
 from megatron_adapters.model import ModelShape  # noqa: E402
 
 SHAPES = {
-    # Qwen2.5-1.5B: tied embeddings, qkv bias, GQA 12/2.
-    "1.5b": ModelShape("qwen2", 1536, 28, 12, 2, 128, 8960, 151936, True, True),
+    # Qwen2.5-1.5B: tied embeddings, GQA 12/2 (qkv bias: the qwen2 family).
+    "1.5b": ModelShape("qwen2", 1536, 28, 12, 2, 128, 8960, 151936, True),
     # Llama-3-8B: untied, GQA 32/8.
-    "8b": ModelShape("llama", 4096, 32, 32, 8, 128, 14336, 128256, False, False),
-    "tiny": ModelShape("llama", 64, 2, 8, 2, 8, 128, 1000, False, False),
+    "8b": ModelShape("llama", 4096, 32, 32, 8, 128, 14336, 128256, False),
+    "tiny": ModelShape("llama", 64, 2, 8, 2, 8, 128, 1000, False),
 }
 
 

@@ -30,6 +30,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.provenance import provenance  # noqa: E402
+from hybridflow.families import family_for_architecture  # noqa: E402
 from hybridflow.placement import RoleMesh  # noqa: E402
 from hybridflow.rollout.base import RolloutBatch, SamplingParams  # noqa: E402
 from hybridflow.rollout.vllm_engine import VllmEngineSpec, VllmRolloutEngine, request_seed, sampling_kwargs  # noqa: E402
@@ -57,7 +58,7 @@ def write_config(model: str, out: Path) -> Path:
     arch = fields.pop("architecture")
     fields.pop("dtype", None)
     fields.pop("path", None)
-    model_type = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "MistralForCausalLM": "mistral"}[arch]
+    model_type = family_for_architecture(arch).model_type
     config = AutoConfig.for_model(model_type, architectures=[arch], torch_dtype="bfloat16", **fields)
     path = out / "model"
     config.save_pretrained(path)

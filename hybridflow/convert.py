@@ -10,7 +10,8 @@ launcher `python -m hybridflow.run` uses; forked, gloo) and each rank converts o
 shard (HF slices are read per rank; the dist checkpoint is TP x PP independent, so ``mcore-to-hf`` may use
 any layout that fits, default 1 x 1). ``mcore-to-vllm`` (see `hybridflow.convert_vllm`) writes one
 safetensors file per vLLM TP rank in one process; ``gguf-to-hf`` (see `hybridflow.convert_gguf`) dequantises a
-Llama/Qwen2 GGUF file into an HF checkpoint directory (auto dtype: fp32). Bad input: one line on stderr, exit code 2.
+Llama/Qwen2/Qwen3 GGUF file into an HF checkpoint directory (auto dtype: fp32). Bad input: one line on stderr,
+exit code 2.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     to_vllm.add_argument("--ckpt", required=True, help="dist checkpoint, or an HF model directory")
     to_vllm.add_argument("--hf-config", default=None, help="HF config dir (default: --ckpt, its hf_config/, parent)")
     to_vllm.add_argument("--tp", type=int, required=True, help="vLLM tensor-parallel size")
-    from_gguf = sub.add_parser("gguf-to-hf", help="GGUF file (Llama, Qwen2) -> HF model directory, dequantised")
+    from_gguf = sub.add_parser("gguf-to-hf", help="GGUF file (Llama, Qwen2, Qwen3) -> HF model directory, dequantised")
     from_gguf.add_argument("--gguf", required=True, help="local .gguf file")
     for p in (to_mcore, to_hf, to_vllm, from_gguf):
         p.add_argument("--out", required=True, help="output directory (must be new or empty)")

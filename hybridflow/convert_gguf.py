@@ -18,8 +18,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-# GGUF `general.architecture` -> the HF architecture it converts to (the ones megatron_adapters builds).
-GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+from hybridflow.families import family_for_gguf, registered_families
 
 
 def gguf_architecture(gguf_file: Path) -> str:
@@ -36,10 +35,13 @@ def gguf_architecture(gguf_file: Path) -> str:
     except (ValueError, OSError) as err:
         raise ValueError(f"--gguf: {gguf_file} is not a readable GGUF file ({err}); point it at a .gguf file") from None
     arch = field.contents() if field is not None else None
-    if arch not in GGUF_ARCHITECTURES:
+    # The families whose record names a GGUF architecture (one transformers' GGUF loader reads).
+    record = family_for_gguf(arch)
+    if record is None:
+        known = [f.gguf_architecture for f in registered_families() if f.gguf_architecture]
         raise ValueError(f"--gguf: architecture {arch!r} of {gguf_file.name} is not supported; use a GGUF of "
-                         f"{' or '.join(GGUF_ARCHITECTURES)}")
-    return GGUF_ARCHITECTURES[arch]
+                         f"{' or '.join(known)}")
+    return record.causal_lm
 
 
 def check_out_dir(out: Path) -> None:

@@ -1,131 +1,30 @@
-"""The one table of HF <-> megatron-core parameter names and layouts, and the layout transforms.
+"""The HF <-> megatron layout transforms over the one name table (``hybridflow.families.weight_table``).
 
-Every parameter of a megatron-core GPT built by ``megatron_adapters.model.build_gpt`` has one
-``WeightMapping``: its megatron name (local-spec spelling, *global* layer index), the HF tensor(s) it is made
-of, its ``Layout`` (which fixes the TP split dimension and the fused layouts), and the global layer.
-Loading, export, dist-checkpoint conversion and the resharding bridge all read this table; nothing else
-string-matches weight names.
-
-Layouts (megatron tensors per TP rank ``r`` of ``tp``):
-- ``REPLICATED``: same full tensor on every TP rank (norm weights, scalar heads).
-- ``ROW``: split along dim 1 (``linear_proj`` <- o_proj, ``linear_fc2`` <- down_proj).
-- ``QKV``: ``linear_qkv`` (weight dim 0, or bias) grouped per query group: for each of the rank's
-  ``num_kv_heads / tp`` groups ``g``: ``[q_g (heads_per_group * d rows) | k_g (d) | v_g (d)]``.
-- ``GATE_UP``: ``linear_fc1`` = ``[gate_r; up_r]``: each TP shard is its slice of gate, then of up.
-- ``VOCAB``: embedding / LM head rows, padded with zero rows to ``padded_vocab`` then split along dim 0.
+The table (``WeightMapping`` rows, ``Layout`` kinds) belongs to the model families (``hybridflow.families``:
+each family's record contributes its layer rows); this module re-exports it for megatron_adapters and adds
+what touches tensors: building one TP rank's shard from HF slices, and inverting the layout for export.
+Transformer Engine's spelling of the fused pre-norm names is here too (``te_alias``).
 """
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from megatron_adapters.model import ModelShape
+from hybridflow.families import Layout, ModelShape, WeightMapping, local_name, weight_table
 
-
-class Layout(enum.Enum):
-    """How a megatron tensor is laid out relative to its HF tensor(s) (see the module docstring)."""
-
-    REPLICATED = "replicated"
-    ROW = "row"
-    QKV = "qkv"
-    GATE_UP = "gate_up"
-    VOCAB = "vocab"
-
-    @property
-    def tp_dim(self) -> int | None:
-        """Dimension of the megatron tensor split across TP ranks (None = replicated)."""
-        return _TP_DIM[self]
-
-
-_TP_DIM = {Layout.REPLICATED: None, Layout.ROW: 1, Layout.QKV: 0, Layout.GATE_UP: 0, Layout.VOCAB: 0}
-
-
-@dataclass(frozen=True)
-class WeightMapping:
-    """One megatron parameter and the HF tensor(s) it is built from.
-
-    ``tied`` marks an LM head that shares HF ``model.embed_tokens.weight`` (only present as a separate
-    megatron parameter on the last pipeline stage when PP > 1); export skips it.
-    """
-
-    mcore: str
-    hf: tuple[str, ...]
-    layout: Layout
-    layer: int | None = None
-    tied: bool = False
-
-    @property
-    def tp_dim(self) -> int | None:
-        """Dimension of the megatron tensor split across TP ranks (None = replicated)."""
-        return self.layout.tp_dim
-
+__all__ = [
+    "Layout", "ShardSpec", "SliceReader", "TE_NAME_ALIASES", "WeightMapping", "hf_to_mcore_shard", "local_name",
+    "mcore_full_to_hf", "te_alias", "weight_table",
+]
 
 # Transformer Engine fuses the pre-norms into the following linear; same tensors, other names.
 TE_NAME_ALIASES = {
     "input_layernorm.weight": "self_attention.linear_qkv.layer_norm_weight",
     "pre_mlp_layernorm.weight": "mlp.linear_fc1.layer_norm_weight",
 }
-
-
-def _layer_mappings(shape: ModelShape, i: int) -> list[WeightMapping]:
-    m, h = f"decoder.layers.{i}.", f"model.layers.{i}."
-    attn = [f"{h}self_attn.{p}_proj" for p in "qkv"]
-    rows = [
-        WeightMapping(m + "input_layernorm.weight", (h + "input_layernorm.weight",), Layout.REPLICATED, i),
-        WeightMapping(
-            m + "self_attention.linear_qkv.weight", tuple(a + ".weight" for a in attn), Layout.QKV, i
-        ),
-        WeightMapping(
-            m + "self_attention.linear_proj.weight", (h + "self_attn.o_proj.weight",), Layout.ROW, i
-        ),
-        WeightMapping(
-            m + "pre_mlp_layernorm.weight", (h + "post_attention_layernorm.weight",), Layout.REPLICATED, i
-        ),
-        WeightMapping(
-            m + "mlp.linear_fc1.weight",
-            (h + "mlp.gate_proj.weight", h + "mlp.up_proj.weight"),
-            Layout.GATE_UP,
-            i,
-        ),
-        WeightMapping(m + "mlp.linear_fc2.weight", (h + "mlp.down_proj.weight",), Layout.ROW, i),
-    ]
-    if shape.qkv_bias:
-        rows.insert(
-            2,
-            WeightMapping(
-                m + "self_attention.linear_qkv.bias", tuple(a + ".bias" for a in attn), Layout.QKV, i
-            ),
-        )
-    return rows
-
-
-def weight_table(shape: ModelShape, head: str = "lm") -> list[WeightMapping]:
-    """Every parameter of the whole model (all layers, all stages), in HF file order."""
-    table = [WeightMapping("embedding.word_embeddings.weight", ("model.embed_tokens.weight",), Layout.VOCAB)]
-    for i in range(shape.num_layers):
-        table += _layer_mappings(shape, i)
-    table.append(WeightMapping("decoder.final_layernorm.weight", ("model.norm.weight",), Layout.REPLICATED))
-    if head != "lm":
-        table.append(WeightMapping("output_layer.weight", ("score.weight",), Layout.REPLICATED))
-    elif shape.tie_word_embeddings:
-        table.append(
-            WeightMapping("output_layer.weight", ("model.embed_tokens.weight",), Layout.VOCAB, tied=True)
-        )
-    else:
-        table.append(WeightMapping("output_layer.weight", ("lm_head.weight",), Layout.VOCAB))
-    return table
-
-
-def local_name(entry: WeightMapping, layer_offset: int) -> str:
-    """The megatron name on a pipeline stage whose first layer is global layer ``layer_offset``."""
-    if entry.layer is None:
-        return entry.mcore
-    prefix = f"decoder.layers.{entry.layer}."
-    return f"decoder.layers.{entry.layer - layer_offset}." + entry.mcore[len(prefix) :]
 
 
 def te_alias(name: str) -> str:
@@ -194,19 +93,10 @@ def hf_to_mcore_shard(
     if entry.layout is Layout.VOCAB:
         return _vocab_shard(entry, read, shape, spec)
     if entry.layout is Layout.ROW:
-        start, stop = _split_range(shape_of_row_input(entry, shape), spec)
+        start, stop = _split_range(entry.full_shape[1], spec)
         return read(entry.hf[0], 1, start, stop)
     start, stop = _split_range(shape.ffn_hidden_size, spec)  # GATE_UP
     return torch.cat([read(name, 0, start, stop) for name in entry.hf], dim=0)
-
-
-def shape_of_row_input(entry: WeightMapping, shape: ModelShape) -> int:
-    """Input width of a ROW-parallel linear (the dimension TP splits)."""
-    return (
-        shape.ffn_hidden_size
-        if entry.mcore.endswith("linear_fc2.weight")
-        else shape.num_heads * shape.head_dim
-    )
 
 
 def mcore_full_to_hf(

@@ -1,9 +1,11 @@
 """Hugging Face decoder configs -> megatron-core ``TransformerConfig`` + layer spec + ``GPTModel``.
 
-Supported: Llama 2/3/3.1 (incl. llama3 rope scaling), Qwen2/2.5 (qkv bias, tied embeddings), Mistral
-(incl. sliding-window attention). Heads: ``"lm"`` (actor, reference: the LM head over the padded,
-TP-split vocabulary), ``"value"`` (critic) and ``"reward"`` (reward model): one scalar per token from a
-TP-replicated ``[1, hidden]`` weight, HF's ``*ForSequenceClassification.score`` layout.
+Supported: the families registered in ``hybridflow.families`` (Llama 2/3/3.1 incl. llama3 rope scaling,
+Qwen2/2.5 with qkv bias, Qwen3 with q/k norms and an explicit head_dim, Mistral with sliding-window
+attention); each family's record says what differs (``shape.record``). Heads: ``"lm"`` (actor, reference:
+the LM head over the padded, TP-split vocabulary), ``"value"`` (critic) and ``"reward"`` (reward model): one
+scalar per token from a TP-replicated ``[1, hidden]`` weight, HF's ``*ForSequenceClassification.score``
+layout.
 """
 
 from __future__ import annotations
@@ -21,38 +23,12 @@ from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
 from transformers import AutoConfig, PretrainedConfig
 
+from hybridflow.families import ModelShape, shape_from_hf
 from megatron_adapters.packed_rotary import is_thd, per_token_rotary, with_host_offsets
 from megatron_adapters.specs import HOST_OFFSET_SPECS, layer_spec, resolve_spec_name
 
-# HF `architectures[0]` -> family. The *ForSequenceClassification forms are reward models. Its keys must equal
-# hybridflow.config.model.SUPPORTED_ARCHITECTURES (what the planner accepts); a test ties the two.
-SUPPORTED_ARCHITECTURES: dict[str, str] = {
-    "LlamaForCausalLM": "llama",
-    "LlamaForSequenceClassification": "llama",
-    "Qwen2ForCausalLM": "qwen2",
-    "Qwen2ForSequenceClassification": "qwen2",
-    "MistralForCausalLM": "mistral",
-    "MistralForSequenceClassification": "mistral",
-}
-_FAMILY_BY_MODEL_TYPE = {"llama": "llama", "qwen2": "qwen2", "mistral": "mistral"}
 HEADS = ("lm", "value", "reward")
 PADDED_LOGIT = -1.0e30  # finite, so softmax/entropy over a fully padded TP shard stays NaN-free
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """What the weight table and the heads need to know about an HF model, independent of parallelism."""
-
-    family: str
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    ffn_hidden_size: int
-    vocab_size: int
-    tie_word_embeddings: bool
-    qkv_bias: bool
 
 
 def load_hf_config(hf_config: PretrainedConfig | dict | str | os.PathLike) -> PretrainedConfig:
@@ -65,44 +41,10 @@ def load_hf_config(hf_config: PretrainedConfig | dict | str | os.PathLike) -> Pr
     return AutoConfig.from_pretrained(os.fspath(hf_config), local_files_only=True)
 
 
-def model_family(hf: PretrainedConfig) -> str:
-    """'llama' | 'qwen2' | 'mistral'; ValueError naming the supported architectures otherwise."""
-    archs = getattr(hf, "architectures", None) or []
-    if archs:
-        family = SUPPORTED_ARCHITECTURES.get(archs[0])
-    else:
-        family = _FAMILY_BY_MODEL_TYPE.get(getattr(hf, "model_type", None))
-    if family is None:
-        got = archs[0] if archs else getattr(hf, "model_type", None)
-        raise ValueError(
-            f"architectures: {got!r} is not supported; use one of {', '.join(SUPPORTED_ARCHITECTURES)}"
-        )
-    return family
-
-
 def model_shape(hf_config) -> ModelShape:
-    """The parallelism-independent shape of an HF model (validates the architecture)."""
-    hf = load_hf_config(hf_config)
-    family = model_family(hf)
-    if getattr(hf, "hidden_act", "silu") != "silu":
-        raise ValueError(f"hidden_act: {hf.hidden_act!r} is not supported; only 'silu' (SwiGLU) models are")
-    if getattr(hf, "mlp_bias", False):
-        raise ValueError("mlp_bias: MLP biases are not supported; use a model with mlp_bias=false")
-    if family == "llama" and getattr(hf, "attention_bias", False):
-        raise ValueError("attention_bias: Llama with o_proj bias is not supported; use attention_bias=false")
-    head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
-    return ModelShape(
-        family=family,
-        hidden_size=hf.hidden_size,
-        num_layers=hf.num_hidden_layers,
-        num_heads=hf.num_attention_heads,
-        num_kv_heads=getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads,
-        head_dim=head_dim,
-        ffn_hidden_size=hf.intermediate_size,
-        vocab_size=hf.vocab_size,
-        tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
-        qkv_bias=family == "qwen2",
-    )
+    """The parallelism-independent shape of an HF model (validates the architecture; see
+    ``hybridflow.families.shape_from_hf``, the planner's reading of the same config)."""
+    return shape_from_hf(load_hf_config(hf_config))
 
 
 def padded_vocab_size(vocab_size: int, tp: int, make_vocab_size_divisible_by: int = 128) -> int:
@@ -157,7 +99,7 @@ def transformer_config_from_hf(
         raise ValueError(f"pp: {pp} must divide num_hidden_layers={shape.num_layers}; choose a divisor")
     window = getattr(hf, "sliding_window", None)
     uses_window = window is not None and (
-        shape.family == "mistral" or getattr(hf, "use_sliding_window", False)
+        shape.record.sliding_window_always or getattr(hf, "use_sliding_window", False)
     )
     settings = dict(
         num_layers=shape.num_layers,
@@ -172,6 +114,7 @@ def transformer_config_from_hf(
         activation_func=F.silu,
         add_bias_linear=False,
         add_qkv_bias=shape.qkv_bias,
+        qk_layernorm=shape.qk_norm,
         hidden_dropout=0.0,
         attention_dropout=float(getattr(hf, "attention_dropout", 0.0)),
         init_method_std=float(getattr(hf, "initializer_range", 0.02)),

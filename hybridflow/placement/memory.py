@@ -12,12 +12,12 @@ Parts and the rules used (P = parameters held by the GPU: its pipeline stage's s
                GPU memory); the planner replaces it with the share it picks (offload.py).
   activations  Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models")
                per-layer accounting, redone for Llama blocks (RMSNorm, GQA, SwiGLU, no dropout). Elements
-               kept for backward per token per layer, h = hidden, h_kv = kv_heads x head_dim, f = FFN size,
-               a = heads, s = sequence length:
-                 attention  3h + 2h_kv + a*s   (QKV input, Q/K/V, softmax probs, out-proj input)
-                 MLP        h + 4f             (FC1 input, gate, up, silu(gate), down-proj input)
-                 norms      2h                 (RMSNorm inputs)
-               -> bytes/token/layer = dtype_bytes x (6h + 2h_kv + 4f + a*s). TP shards everything by t when
+               kept for backward per token per layer, h = hidden, h_q = heads x head_dim (= h unless the
+               checkpoint sets head_dim), h_kv = kv_heads x head_dim, f = FFN size, a = heads, s = sequence length:
+                 attention  h + 2h_q + 2h_kv + a*s   (QKV input, Q/K/V, softmax probs, out-proj input)
+                 MLP        h + 4f                   (FC1 input, gate, up, silu(gate), down-proj input)
+                 norms      2h                       (RMSNorm inputs)
+               -> bytes/token/layer = dtype_bytes x (4h + 2h_q + 2h_kv + 4f + a*s). TP shards everything by t when
                sequence parallelism is on; without it the 4h of norm and block inputs stay whole.
                `selective` recompute (or flash attention) drops the a*s term; `full` keeps only the layer
                input (h) per layer plus one layer's full activations while it is recomputed.
@@ -103,9 +103,11 @@ def padded_vocab(model: ModelConfig, tp: int) -> int:
 
 def layer_params(model: ModelConfig, tp: int) -> int:
     """Parameters of one transformer layer on one TP rank (norm weights are replicated)."""
-    h, h_kv = model.hidden_size, model.num_key_value_heads * model.head_dim
-    bias = h + 2 * h_kv if model.attention_bias else 0  # q, k, v biases, sharded with their weights
-    return (layer_matmul_params(h, model.intermediate_size, h_kv) + bias) // tp + 2 * h
+    h, h_q, h_kv = model.hidden_size, model.q_dim, model.num_key_value_heads * model.attention_head_dim
+    family = model.family
+    bias = h_q + 2 * h_kv if family.qkv_bias else 0  # q, k, v biases, sharded with their weights
+    qk_norms = 2 * model.attention_head_dim if family.qk_norm else 0  # one [head_dim] q and k norm, replicated
+    return (layer_matmul_params(h, model.intermediate_size, h_kv, h_q) + bias) // tp + 2 * h + qk_norms
 
 
 def stage_params(model: ModelConfig, role: str, tp: int, pp: int, stage: int) -> int:
@@ -129,11 +131,11 @@ def activation_bytes_per_token_layer(
 ) -> float:
     """Bytes one token keeps for backward in one layer on one TP rank (see the module docstring)."""
     h, f, a = model.hidden_size, model.intermediate_size, model.num_attention_heads
-    h_kv = model.num_key_value_heads * model.head_dim
+    h_q, h_kv = model.q_dim, model.num_key_value_heads * model.attention_head_dim
     b = DTYPE_BYTES[model.dtype]
     if recompute == "full":
         return b * h / (tp if sequence_parallel else 1)
-    sharded = 2 * h + 2 * h_kv + 4 * f + (a * seq_length if recompute == "none" else 0)
+    sharded = 2 * h_q + 2 * h_kv + 4 * f + (a * seq_length if recompute == "none" else 0)
     whole = 4 * h
     if sequence_parallel or tp == 1:
         return b * (sharded + whole) / tp
@@ -271,7 +273,7 @@ def _activation_bytes(
 
 def kv_bytes_per_token(model: ModelConfig, tp: int, pp: int, dtype: str) -> int:
     kv_heads = max(model.num_key_value_heads // tp, 1)
-    return 2 * (model.num_hidden_layers // pp) * kv_heads * model.head_dim * DTYPE_BYTES[dtype]
+    return 2 * (model.num_hidden_layers // pp) * kv_heads * model.attention_head_dim * DTYPE_BYTES[dtype]
 
 
 def _rollout_memory(

@@ -21,12 +21,6 @@ from hybridflow.config import MODEL_ROLES, VALUE_HEAD_ROLES, ExperimentConfig, M
 from hybridflow.data import build_char_tokenizer
 from hybridflow.data.vocabulary import char_alphabet
 
-_CONFIG_CLASSES = {
-    "LlamaForCausalLM": transformers.LlamaConfig,
-    "Qwen2ForCausalLM": transformers.Qwen2Config,
-    "MistralForCausalLM": transformers.MistralConfig,
-}
-
 
 def random_hf_checkpoint(model: ModelConfig, out_dir: Path, seed: int) -> None:
     """Save a randomly initialised HF causal LM of `model`'s shape to `out_dir` (fp32)."""
@@ -36,14 +30,12 @@ def random_hf_checkpoint(model: ModelConfig, out_dir: Path, seed: int) -> None:
         num_key_value_heads=model.num_key_value_heads, vocab_size=model.vocab_size,
         max_position_embeddings=model.max_position_embeddings, rope_theta=model.rope_theta,
         rms_norm_eps=model.rms_norm_eps, tie_word_embeddings=model.tie_word_embeddings,
-        bos_token_id=1, eos_token_id=2, pad_token_id=0,
+        head_dim=model.attention_head_dim, bos_token_id=1, eos_token_id=2, pad_token_id=0,
     )
     # A sequence-classification architecture with no checkpoint: its body as a causal LM (the score head
     # is initialised when the role is built).
-    architecture = model.architecture.replace("ForSequenceClassification", "ForCausalLM")
-    if architecture != "Qwen2ForCausalLM":
-        fields["attention_bias"] = model.attention_bias
-    config = _CONFIG_CLASSES[architecture](**fields)
+    family = model.family
+    config = transformers.AutoConfig.for_model(family.model_type, architectures=[family.causal_lm], **fields)
     torch.manual_seed(seed)
     transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(out_dir)
 

@@ -35,7 +35,7 @@ class TargetFormat(enum.Enum):
     """Layout family of a set of TP shards."""
 
     MEGATRON = "megatron"  # megatron-core's own layout (training, and the native rollout engine)
-    VLLM = "vllm"  # vLLM's Llama/Qwen2/Mistral parameters after its loader
+    VLLM = "vllm"  # vLLM's parameters after its loader (fused qkv_proj / gate_up_proj)
 
 
 @dataclass(frozen=True)
@@ -102,17 +102,6 @@ def coalesce_strided(copies: list[RowCopy]) -> list[RowCopy]:
                 continue
         out.append(c)
     return out
-
-
-def canonical_length(layout: Layout, shape: ModelShape, full_rows: int) -> int:
-    """Length of the canonical coordinate (``full_rows``: the unsplit length for ROW/REPLICATED)."""
-    if layout is Layout.QKV:
-        return (shape.num_heads + 2 * shape.num_kv_heads) * shape.head_dim
-    if layout is Layout.GATE_UP:
-        return 2 * shape.ffn_hidden_size
-    if layout is Layout.VOCAB:
-        return shape.vocab_size
-    return full_rows
 
 
 def _even(total: int, tp: int, what: str) -> int:

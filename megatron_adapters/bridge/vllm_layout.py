@@ -3,11 +3,13 @@
 Built from ``megatron_adapters.hf_weights.weight_table`` (the one name table); nothing here matches module
 names. Targets:
 
-- vLLM (Llama / Qwen2 / Mistral), per TP rank, as vLLM's model holds them after its loader:
+- vLLM (every registered family: Llama / Qwen2 / Qwen3 / Mistral), per TP rank, as vLLM's model holds them
+  after its loader:
   ``model.embed_tokens.weight`` and ``lm_head.weight``: rows of the vocabulary padded to a multiple of 64,
   split evenly, padded rows zero; ``self_attn.qkv_proj.weight`` / ``.bias``: ``[q shard; k shard; v shard]``
   (kv heads replicated when kv heads < TP); ``o_proj`` / ``down_proj`` split on the input dim;
-  ``mlp.gate_up_proj.weight`` = ``[gate shard; up shard]``; norms whole. A tied LM head is not a separate
+  ``mlp.gate_up_proj.weight`` = ``[gate shard; up shard]`` (the fused names: the family record's
+  ``vllm_stacked``); norms whole (Qwen3's per-head ``q_norm`` / ``k_norm`` too). A tied LM head is not a separate
   tensor (vLLM ties ``lm_head`` to ``embed_tokens``).
 - native: megatron-core's layout at the generation TP (global layer names, one pipeline stage).
 """
@@ -21,15 +23,11 @@ import torch
 from megatron_adapters.bridge.shard_ranges import (
     ShardGeometry,
     TargetFormat,
-    canonical_length,
     plan_copies,
     shard_ranges,
 )
-from megatron_adapters.hf_weights import Layout, WeightMapping, shape_of_row_input, weight_table
+from megatron_adapters.hf_weights import Layout, WeightMapping, weight_table
 from megatron_adapters.model import ModelShape
-
-# vLLM's fused modules (its models' `stacked_params_mapping`): which HF projections it stacks, and the name.
-_VLLM_FUSED_MODULE = {Layout.QKV: "qkv_proj", Layout.GATE_UP: "gate_up_proj"}
 
 
 @dataclass(frozen=True)
@@ -37,8 +35,12 @@ class BridgeTensor:
     """One logical parameter: its table entry and canonical full shape (TP=1, vocabulary unpadded)."""
 
     entry: WeightMapping
-    full_shape: tuple[int, ...]
+    stacked: str | None = None  # vLLM's fused module name (the family's `vllm_stacked`), None: HF's own name
     after_layers: bool = False  # a non-layer tensor after the decoder (final norm, LM head): last stage
+
+    @property
+    def full_shape(self) -> tuple[int, ...]:
+        return self.entry.full_shape
 
     @property
     def dim(self) -> int:
@@ -60,29 +62,21 @@ class BridgeTensor:
         """The parameter name in a target format."""
         if fmt is TargetFormat.MEGATRON:
             return self.entry.mcore
-        fused = _VLLM_FUSED_MODULE.get(self.entry.layout)
-        if fused is None:
+        if self.stacked is None:
             return self.entry.hf[0]
         module, _, leaf = self.entry.hf[0].rpartition(".")
-        return f"{module.rpartition('.')[0]}.{fused}.{leaf}"
+        return f"{module.rpartition('.')[0]}.{self.stacked}.{leaf}"
 
 
 def bridge_tensors(shape: ModelShape) -> list[BridgeTensor]:
     """Every tensor the rollout model holds (LM head; a tied head is the embedding), in table order."""
     out, seen_layer = [], False
+    stacked = shape.record.vllm_stacked
     for entry in weight_table(shape, "lm"):
         seen_layer = seen_layer or entry.layer is not None
         if entry.tied:
             continue
-        leaf_is_bias = entry.hf[0].rpartition(".")[2] == "bias"
-        if entry.layout is Layout.REPLICATED:
-            full = (shape.hidden_size,)
-        elif entry.layout is Layout.ROW:
-            full = (shape.hidden_size, shape_of_row_input(entry, shape))
-        else:
-            rows = canonical_length(entry.layout, shape, 0)
-            full = (rows,) if leaf_is_bias else (rows, shape.hidden_size)
-        out.append(BridgeTensor(entry, full, after_layers=seen_layer and entry.layer is None))
+        out.append(BridgeTensor(entry, stacked.get(entry.layout), after_layers=seen_layer and entry.layer is None))
     return out
 
 

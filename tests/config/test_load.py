@@ -30,7 +30,7 @@ def test_required_experiments_are_shipped():
     }
     assert required <= set(EXPERIMENTS)
     for group, names in {
-        "model": {"llama3_8b", "llama3_70b", "qwen2_7b", "tiny_llama"},
+        "model": {"llama3_8b", "llama3_70b", "qwen2_7b", "qwen3_0_6b", "tiny_llama"},
         "algorithm": {"ppo", "grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "dr_grpo", "gspo", "dapo"},
         "cluster": {"cpu", "1node_8gpu", "2node_8gpu", "1node_4gpu"},
         "placement": {"colocated", "split", "hybrid_2node"},
@@ -84,7 +84,7 @@ def test_split_argv_defaults_to_tiny_cpu():
 def test_group_selection_and_named_submodels():
     # (the policy's vocabulary: a critic scores the actor's token ids)
     cfg = load_experiment("tiny_cpu", ["+model@critic_model=qwen2_7b", "critic_model.vocab_size=17"])
-    assert cfg.critic_model.architecture == "Qwen2ForCausalLM" and cfg.critic_model.attention_bias
+    assert cfg.critic_model.architecture == "Qwen2ForCausalLM" and cfg.critic_model.family.qkv_bias
     assert cfg.role_model("critic") is cfg.critic_model
     assert cfg.role_model("reward") is cfg.model
 
@@ -168,7 +168,7 @@ def test_model_path_config_json_is_the_truth(tmp_path: Path):
     cfg = load_experiment("tiny_cpu", [f"model.path={tmp_path}"])
     assert cfg.model.architecture == "Qwen2ForCausalLM"
     assert (cfg.model.hidden_size, cfg.model.num_hidden_layers, cfg.model.vocab_size) == (64, 2, 100)
-    assert cfg.model.attention_bias and cfg.model.tie_word_embeddings
+    assert cfg.model.family.qkv_bias and cfg.model.tie_word_embeddings
     with pytest.raises(UserError, match=r"^model\.path: .* has no config\.json"):
         load_experiment("tiny_cpu", [f"model.path={tmp_path / 'missing'}"])
 

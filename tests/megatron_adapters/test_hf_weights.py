@@ -110,6 +110,6 @@ def test_vocab_padding_follows_megatron_rule():
 
 def test_unsupported_architecture_names_the_supported_ones():
     with pytest.raises(
-        ValueError, match="GPT2LMHeadModel.*LlamaForCausalLM.*Qwen2ForCausalLM.*MistralForCausalLM"
+        ValueError, match="GPT2LMHeadModel.*LlamaForCausalLM.*MistralForCausalLM.*Qwen2ForCausalLM.*Qwen3ForCausalLM"
     ):
         model_shape(GPT2Config(architectures=["GPT2LMHeadModel"]))

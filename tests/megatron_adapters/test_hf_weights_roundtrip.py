@@ -1,4 +1,5 @@
-"""HF -> megatron (TP2 x PP2) -> HF is bit-exact, for a single-file and a sharded-index checkpoint."""
+"""HF -> megatron (TP2 x PP2) -> HF is bit-exact, for a single-file and a sharded-index checkpoint (Llama,
+Qwen2, and Qwen3 with its per-head q/k norms and head_dim != hidden / heads)."""
 
 import json
 
@@ -39,6 +40,7 @@ def test_roundtrip_is_bit_exact(tmp_path):
     models = {
         "llama": save_tiny_model("llama", tmp_path / "llama", seed=5),  # single model.safetensors
         "qwen2": save_tiny_model("qwen2", tmp_path / "qwen2", seed=6),
+        "qwen3": save_tiny_model("qwen3", tmp_path / "qwen3", seed=7),  # q/k norms, head_dim 16 != 64 / 8
     }
     models["qwen2"].save_pretrained(tmp_path / "qwen2", max_shard_size="40KB")  # sharded index
     assert (tmp_path / "qwen2" / "model.safetensors.index.json").exists()

@@ -1,8 +1,9 @@
 """Megatron GPTModel logits == HF transformers logits (fp32, max abs diff <= 1e-4) at TP {1,2,4} x PP {1,2}.
 
 One forked launch per world size checks every (model, layout) of that size: a GQA Llama with llama3 rope
-scaling, a Qwen2 with qkv bias, tied embeddings and a vocabulary (250) divisible by neither TP nor 128, and
-a Mistral whose sliding window (5) is shorter than the sequence (12).
+scaling, a Qwen2 with qkv bias, tied embeddings and a vocabulary (250) divisible by neither TP nor 128,
+a Mistral whose sliding window (5) is shorter than the sequence (12), and a Qwen3 with per-head q/k norms and
+head_dim 16 != hidden / heads = 8.
 
 World size 8 (TP4 x PP2) runs only on GPUs: with `HYBRIDFLOW_TEST_DEVICE=cuda` and at least 8 of them
 (benchmarks/multigpu.sh on an 8-GPU node); everywhere else, CPU CI included, it is skipped (8 gloo ranks of
@@ -16,7 +17,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from tests.distributed_harness import default_device, run_distributed
-from tests.megatron_adapters.tiny_hf_models import hf_logits, pipeline_forward, save_tiny_model, token_batch
+from tests.megatron_adapters.tiny_hf_models import KINDS, hf_logits, pipeline_forward, save_tiny_model, token_batch
 
 TOLERANCE = 1e-4
 LAYOUTS = {1: [(1, 1)], 2: [(2, 1), (1, 2)], 4: [(4, 1), (2, 2)], 8: [(4, 2)]}
@@ -40,7 +41,7 @@ EIGHT_GPUS = pytest.param(
 @pytest.fixture(scope="module")
 def hf_models(tmp_path_factory):
     cases = {}
-    for kind in ("llama", "qwen2", "mistral"):
+    for kind in KINDS:  # every family the tiny-model factory builds
         path = tmp_path_factory.mktemp(kind)
         model = save_tiny_model(kind, path, seed=1)
         ids = token_batch(model.config.vocab_size)

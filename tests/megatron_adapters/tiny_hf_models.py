@@ -24,6 +24,8 @@ from transformers import (
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
 )
 
 # GQA Llama 3.1-style (llama3 rope scaling), untied; 8 query heads over 4 KV groups so TP4 works.
@@ -74,10 +76,26 @@ MISTRAL = dict(
     tie_word_embeddings=False,
     architectures=["MistralForCausalLM"],
 )
+# Qwen3: per-head q/k RMSNorm and head_dim 16 != hidden 64 / 8 heads (q width 128 > hidden), tied embeddings.
+QWEN3 = dict(
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=4,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    head_dim=16,
+    vocab_size=250,
+    max_position_embeddings=64,
+    rms_norm_eps=1e-6,
+    rope_theta=1000000.0,
+    tie_word_embeddings=True,
+    architectures=["Qwen3ForCausalLM"],
+)
 KINDS = {
     "llama": (LlamaConfig, LlamaForCausalLM, LLAMA),
     "qwen2": (Qwen2Config, Qwen2ForCausalLM, QWEN2),
     "mistral": (MistralConfig, MistralForCausalLM, MISTRAL),
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM, QWEN3),
 }
 
 
@@ -94,7 +112,7 @@ SCORE_HEADS = {"llama": LlamaForSequenceClassification}  # head="score": one sca
 
 
 def tiny_model(kind: str, seed: int = 0, head: str = "causal", **overrides):
-    """A random tiny HF model of `kind` ("llama" | "qwen2" | "mistral"), eval, fp32, weights from
+    """A random tiny HF model of `kind` ("llama" | "qwen2" | "mistral" | "qwen3"), eval, fp32, weights from
     `randomize_(seed)`; `overrides` replace config fields. `head="score"`: the reward-model variant
     (sequence classification, one label, pad id 0)."""
     torch.set_num_threads(1)

@@ -1,6 +1,6 @@
 """The native rollout engine against Hugging Face transformers: greedy tokens equal HF's `generate`, the
 sampled tokens' log-probs equal HF's log-softmax, at TP 1 and TP 2 (gloo), with prompts of different
-lengths in one batch and a stop token; attention-length buckets across the three families; on a GPU, CUDA
+lengths in one batch and a stop token; attention-length buckets across the four families; on a GPU, CUDA
 graph decode equal to eager."""
 
 import pytest
@@ -108,10 +108,11 @@ def test_sampling_stops_at_stop_token_and_logprobs_match_hf(hf_model):
                                    _hf_logprobs(hf, tokens[row], p, p + NEW, temperature=0.7), atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2", "mistral"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "mistral", "qwen3"])
 def test_greedy_matches_hf_across_attention_buckets(tmp_path, kind):
     """Decode steps attend over 4-column buckets (graph shapes on GPU): bucket edges, qkv bias + tied
-    embeddings (qwen2) and a sliding window shorter than the rows (mistral) still give HF's tokens."""
+    embeddings (qwen2), a sliding window shorter than the rows (mistral) and q/k norms with head_dim 16 !=
+    hidden / heads (qwen3, its KV cache head_dim wide) still give HF's tokens."""
     hf = save_tiny_model(kind, tmp_path, seed=4)
     sampling = SamplingParams(max_new_tokens=NEW, temperature=0.0)
     tokens, _, logprobs = run_distributed(_generate, world_size=1, args=(str(tmp_path), 1, sampling, 4))[0]

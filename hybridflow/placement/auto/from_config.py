@@ -40,7 +40,7 @@ def model_shape(model: ModelConfig, role: str) -> ModelCostShape:
                       num_layers=model.num_hidden_layers, num_heads=model.num_attention_heads,
                       num_kv_heads=model.num_key_value_heads, vocab_size=model.vocab_size,
                       tie_embeddings=model.tie_word_embeddings, dtype_bytes=model.dtype_bytes,
-                      head="value" if role in VALUE_HEAD_ROLES else "lm")
+                      head="value" if role in VALUE_HEAD_ROLES else "lm", head_dim=model.attention_head_dim)
 
 
 def one_step_off(cfg: ExperimentConfig) -> bool:

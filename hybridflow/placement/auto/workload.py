@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hybridflow.families import resolved_head_dim
 from hybridflow.placement.param_count import layer_matmul_params
 
 # The dataflow of one PPO iteration (HybridFlow section 2): generation by the actor, then preparation (the
@@ -31,14 +32,22 @@ class ModelCostShape:
     tie_embeddings: bool = False
     dtype_bytes: int = 2
     head: str = "lm"  # "lm" (vocab logits) | "value" | "reward" (one scalar per token)
+    # The per-head width; None = hidden_size / num_heads (`hybridflow.families.resolved_head_dim`, the runtime's
+    # rule). `from_config` passes the checkpoint's.
+    head_dim: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "head_dim", resolved_head_dim(self.hidden_size, self.num_heads, self.head_dim))
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+    def q_dim(self) -> int:
+        """Width of all query heads together (num_heads x head_dim)."""
+        return self.num_heads * self.head_dim
 
     @property
     def layer_matmul_params(self) -> int:
-        return layer_matmul_params(self.hidden_size, self.intermediate_size, self.num_kv_heads * self.head_dim)
+        return layer_matmul_params(self.hidden_size, self.intermediate_size, self.num_kv_heads * self.head_dim,
+                                   self.q_dim)
 
     @property
     def layer_params(self) -> int:
@@ -67,9 +76,9 @@ class ModelCostShape:
 
     def forward_flops_per_token(self, context: float) -> float:
         """Matmul FLOPs of one token's forward pass attending to `context` earlier tokens on average: 2 per
-        matmul weight plus QK^T and AV (2 * 2 * h per attended token and layer). The project's one FLOP
-        formula: the planner passes the causal mean context (seq / 2), PaLM-style MFU the full seq."""
-        return 2 * self.matmul_params + 4 * self.num_layers * self.hidden_size * context
+        matmul weight plus QK^T and AV (2 * 2 * heads * head_dim per attended token and layer). The project's
+        one FLOP formula: the planner passes the causal mean context (seq / 2), PaLM-style MFU the full seq."""
+        return 2 * self.matmul_params + 4 * self.num_layers * self.q_dim * context
 
     @property
     def kv_bytes_per_token(self) -> int:

@@ -23,6 +23,15 @@ def tiny_qwen2_tied(vocab: int = 512, hidden: int = 32, ffn: int = 64) -> tuple[
         num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=64, tie_word_embeddings=True))
 
 
+def tiny_qwen3_wide_heads(vocab: int = 320) -> tuple[object, dict[str, torch.Tensor]]:
+    """Qwen3 (per-head q/k norms), hidden 32 with 4 heads of head_dim 16 (q width 64 != hidden) over 2 kv heads,
+    untied, vocab not a multiple of 128."""
+    return _config_and_state(tiny_model(
+        "qwen3", vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
+        tie_word_embeddings=False))
+
+
 def _config_and_state(model) -> tuple[object, dict[str, torch.Tensor]]:
     # tiny_model's weights are distinct everywhere (norms too), so a misplaced tensor cannot go unnoticed.
     state = {name: tensor.detach() for name, tensor in model.state_dict().items()}
@@ -89,6 +98,9 @@ def reference_native_shard(cfg, state: dict[str, torch.Tensor], tp: int, rank: i
             for g in range(rank * groups, (rank + 1) * groups):
                 parts += [q[g * qpg * d : (g + 1) * qpg * d], k[g * d : (g + 1) * d], v[g * d : (g + 1) * d]]
             out[f"{m}self_attention.linear_qkv.{leaf}"] = torch.cat(parts)
+        if s.qk_norm:  # one [head_dim] weight per layer, the same on every TP rank
+            out[f"{m}self_attention.q_layernorm.weight"] = state[f"{h}self_attn.q_norm.weight"]
+            out[f"{m}self_attention.k_layernorm.weight"] = state[f"{h}self_attn.k_norm.weight"]
         out[f"{m}input_layernorm.weight"] = state[f"{h}input_layernorm.weight"]
         out[f"{m}pre_mlp_layernorm.weight"] = state[f"{h}post_attention_layernorm.weight"]
         out[f"{m}self_attention.linear_proj.weight"] = state[f"{h}self_attn.o_proj.weight"].chunk(tp, dim=1)[rank]

@@ -17,9 +17,10 @@ from tests.megatron_adapters.bridge.bridge_fixtures import (
     reference_vllm_shard,
     tiny_llama_gqa,
     tiny_qwen2_tied,
+    tiny_qwen3_wide_heads,
 )
 
-MODELS = {"llama_gqa": tiny_llama_gqa, "qwen2_tied": tiny_qwen2_tied}
+MODELS = {"llama_gqa": tiny_llama_gqa, "qwen2_tied": tiny_qwen2_tied, "qwen3_wide_heads": tiny_qwen3_wide_heads}
 
 
 def _assert_same(got: dict, want: dict) -> None:
@@ -61,6 +62,22 @@ def test_vllm_names_cover_every_hf_tensor_once():
     assert hf_names == sorted(state)
 
 
+def test_vllm_qwen3_norms_are_whole_head_dim_tensors_on_every_rank():
+    """vLLM's Qwen3Attention holds `q_norm` / `k_norm` as RMSNorm(head_dim): HF's names, not TP-split."""
+    cfg, state = tiny_qwen3_wide_heads()
+    shape = model_shape(cfg)
+    geometry = ShardGeometry.vllm(shape, 2)
+    for rank in range(2):
+        shard = shards_from_hf(state, shape, geometry, rank)
+        for p in "qk":
+            assert torch.equal(shard[f"model.layers.1.self_attn.{p}_norm.weight"],
+                               state[f"model.layers.1.self_attn.{p}_norm.weight"])
+            assert shard[f"model.layers.1.self_attn.{p}_norm.weight"].shape == (16,)
+        # q rows of this rank: 2 heads x 16; k and v: one kv head each
+        assert shard["model.layers.0.self_attn.qkv_proj.weight"].shape == (2 * 16 + 2 * 16, 32)
+        assert shard["model.layers.0.self_attn.o_proj.weight"].shape == (32, 2 * 16)
+
+
 def test_vllm_padding_rule_and_bad_tp():
     cfg, _ = tiny_llama_gqa(vocab=1100)
     shape = model_shape(cfg)
@@ -96,14 +113,16 @@ def test_names_and_shapes_equal_those_recorded_from_vllm():
     import json
     from pathlib import Path
 
-    from transformers import LlamaConfig, Qwen2Config
+    from transformers import AutoConfig
+
+    from hybridflow.families import family_for_architecture
 
     recorded = json.loads((Path(__file__).parents[2] / "rollout/data/vllm_param_shapes.json").read_text())
-    classes = {"LlamaForCausalLM": LlamaConfig, "Qwen2ForCausalLM": Qwen2Config}
     assert recorded["vocab_pad"] == 64
     for model in recorded["models"].values():
         fields = dict(model["hf_config"])
-        cfg = classes[fields["architecture"]](architectures=[fields.pop("architecture")], **fields)
+        arch = fields.pop("architecture")
+        cfg = AutoConfig.for_model(family_for_architecture(arch).model_type, architectures=[arch], **fields)
         shape = model_shape(cfg)
         for tp, ranks in model["tp"].items():
             geometry = ShardGeometry.vllm(shape, int(tp))

@@ -32,12 +32,20 @@ def _vllm_parameters(model_dir: str) -> dict[str, torch.Tensor]:
     return per_worker[0]
 
 
-def test_vllm_llama_holds_the_bridge_output(tmp_path):
+# head_dim 16 (4 query heads over 2 KV groups): vLLM's fp32 attention backends take it. The Qwen3 case has
+# per-head q/k norms and head_dim 32 != hidden 64 / 4 heads.
+VLLM_CASES = {
+    "llama": dict(num_attention_heads=4, num_key_value_heads=2),
+    "qwen3": dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=False),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(VLLM_CASES))
+def test_vllm_holds_the_bridge_output(tmp_path, kind):
     pytest.importorskip("vllm")
     import torch.distributed as dist
 
-    # head_dim 16 (4 query heads over 2 KV groups): vLLM's fp32 attention backends take it
-    hf = save_tiny_model("llama", tmp_path, num_attention_heads=4, num_key_value_heads=2)
+    hf = save_tiny_model(kind, tmp_path, **VLLM_CASES[kind])
     state = {n: t.detach() for n, t in hf.state_dict().items()}
     held = _vllm_parameters(str(tmp_path))
 

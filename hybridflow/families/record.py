@@ -1,0 +1,111 @@
+"""The model-family record and its registry: a family registers one ``ModelFamily``; everyone looks it up.
+
+The planner (hybridflow.config, hybridflow.placement), megatron_adapters (model building, the weight map, the
+vLLM layout), the trainer (random checkpoints), convert_gguf and the benchmarks ask the record; nothing else
+tests an architecture name. This module imports only the standard library and its own package.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING
+
+from hybridflow.families.layout import Layout, WeightMapping
+
+if TYPE_CHECKING:
+    from hybridflow.families.shape import ModelShape
+
+# vLLM's fused modules (its Llama-style models' `stacked_params_mapping`): the HF projections it stacks and
+# the fused module's name (`model.layers.i.self_attn.qkv_proj`, `model.layers.i.mlp.gate_up_proj`).
+VLLM_STACKED = MappingProxyType({Layout.QKV: "qkv_proj", Layout.GATE_UP: "gate_up_proj"})
+
+
+@dataclass(frozen=True)
+class ModelFamily:
+    """Everything hybridflow knows about one decoder family, in one place.
+
+    Attributes:
+        model_type: HF `config.json` `model_type` (also the family's registry name), e.g. "qwen3".
+        causal_lm: HF `architectures[0]` of the language model, e.g. "Qwen3ForCausalLM".
+        sequence_classification: HF architecture of its reward-model form (a `score` head).
+        layer_weights: the HF <-> megatron rows of decoder layer `i` (`weights.decoder_layer_weights` plus
+            whatever the family adds: qkv biases, q/k norms).
+        qkv_bias: q, k, v projections carry a bias (always, whatever the config says).
+        qk_norm: per-head RMSNorm on queries and keys before RoPE (megatron `qk_layernorm`).
+        sliding_window_always: a set `sliding_window` applies to every layer (Mistral); otherwise only with
+            `use_sliding_window: true`.
+        gguf_architecture: GGUF `general.architecture` that transformers' GGUF loader turns into this family
+            (None: no GGUF path).
+        vllm_stacked: which layouts vLLM holds as one fused parameter, and that parameter's module name.
+    """
+
+    model_type: str
+    causal_lm: str
+    sequence_classification: str
+    layer_weights: Callable[[ModelShape, int], list[WeightMapping]]
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    sliding_window_always: bool = False
+    gguf_architecture: str | None = None
+    vllm_stacked: Mapping[Layout, str] = field(default=VLLM_STACKED)
+
+    @property
+    def architectures(self) -> tuple[str, str]:
+        """The HF architecture names this family builds (causal LM, sequence classification)."""
+        return self.causal_lm, self.sequence_classification
+
+
+_FAMILIES: dict[str, ModelFamily] = {}
+_BY_ARCHITECTURE: dict[str, ModelFamily] = {}
+
+
+def register_family(record: ModelFamily) -> ModelFamily:
+    """Add `record` to the registry (by model_type and by both architecture names); returns it."""
+    names = (record.model_type, *record.architectures)
+    taken = [name for name in names if name in _FAMILIES or name in _BY_ARCHITECTURE]
+    if taken:
+        raise ValueError(f"register_family: {', '.join(taken)} already registered; give the family new names")
+    _FAMILIES[record.model_type] = record
+    for arch in record.architectures:
+        _BY_ARCHITECTURE[arch] = record
+    return record
+
+
+def family(model_type: str) -> ModelFamily:
+    """The family registered under HF `model_type`; ValueError naming the registered ones otherwise."""
+    try:
+        return _FAMILIES[model_type]
+    except KeyError:
+        raise ValueError(f"model_type: {model_type!r} is not a supported family; use one of "
+                         f"{', '.join(_FAMILIES)}") from None
+
+
+def family_for_architecture(architecture: str) -> ModelFamily:
+    """The family whose causal-LM or sequence-classification architecture is `architecture`."""
+    try:
+        return _BY_ARCHITECTURE[architecture]
+    except KeyError:
+        raise ValueError(f"architectures: {architecture!r} is not supported; use one of "
+                         f"{', '.join(supported_architectures())}") from None
+
+
+def registered_families() -> tuple[ModelFamily, ...]:
+    """Every registered family, in registration order."""
+    return tuple(_FAMILIES.values())
+
+
+def causal_lm_architectures() -> tuple[str, ...]:
+    """HF architecture names of the language models (what a policy may be)."""
+    return tuple(f.causal_lm for f in _FAMILIES.values())
+
+
+def supported_architectures() -> tuple[str, ...]:
+    """Every HF architecture name a role may load (causal LMs, then their sequence-classification forms)."""
+    return (*causal_lm_architectures(), *(f.sequence_classification for f in _FAMILIES.values()))
+
+
+def family_for_gguf(gguf_architecture: str) -> ModelFamily | None:
+    """The family transformers' GGUF loader makes of GGUF `general.architecture`, or None."""
+    return next((f for f in _FAMILIES.values() if f.gguf_architecture == gguf_architecture), None)
