@@ -77,8 +77,14 @@ def convert_gguf_to_hf(gguf_file: str | os.PathLike, out: str | os.PathLike, dty
     check_out_dir(out)
     with staged_dir(out) as tmp:
         source = dict(pretrained_model_name_or_path=str(gguf_file.parent), gguf_file=gguf_file.name)
-        model, loading = transformers.AutoModelForCausalLM.from_pretrained(
-            **source, dtype=torch.float32 if dtype == "fp32" else torch.bfloat16, output_loading_info=True)
+        # Quiet: transformers' load report (a table of missing weights) would bury the one error line below.
+        verbosity = transformers.logging.get_verbosity()
+        transformers.logging.set_verbosity_error()
+        try:
+            model, loading = transformers.AutoModelForCausalLM.from_pretrained(
+                **source, dtype=torch.float32 if dtype == "fp32" else torch.bfloat16, output_loading_info=True)
+        finally:
+            transformers.logging.set_verbosity(verbosity)
         # transformers fills weights a file lacks with a random init and only warns: refuse that.
         if loading["missing_keys"]:
             missing = sorted(loading["missing_keys"])
