@@ -23,7 +23,9 @@ on CUDA reads nothing) and of collectives in a torch.profiler trace; on CUDA als
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -64,7 +66,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--micro-batch-sizes", type=int, nargs="+", default=[1, 4, 16, 64])
     parser.add_argument("--repeats", type=int, default=3, help="timed passes per figure (median)")
     parser.add_argument("--dtype", choices=("bf16", "fp32"), default=None, help="default bf16 on GPU, fp32 on CPU")
-    parser.add_argument("--profile", action="store_true", help="print the top ops by self CPU time per pass")
+    parser.add_argument("--profile", action="store_true",
+                        help="print per pass the top ops by self CUDA time (self CPU time on a CPU) and the "
+                             "cudaStreamSynchronize / D2H copy counts")
+    parser.add_argument("--trace", default=None,
+                        help="with --profile: write each pass's Chrome trace gzipped, PATH.mbs<N>.<pass>.json.gz")
     parser.add_argument("--json", default=None, help="also write the results as JSON here")
     return parser.parse_args(argv)
 
@@ -116,19 +122,39 @@ def timed(fn: Callable[[], object], repeats: int) -> float:
     return statistics.median(times)
 
 
-def host_syncs(fn: Callable[[], object], top: int = 0) -> dict:
-    """Syncs and collectives of one call of `fn` from a profiler trace (and CUDA's sync debug mode)."""
+# Profiler names of host waits on the GPU: the runtime's sync calls and device-to-host copies (the GPU-side
+# activity of a .item() / .tolist() / .cpu()).
+SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
+D2H_COPY = "Memcpy DtoH"
+
+
+def host_syncs(fn: Callable[[], object], top: int = 0, trace: Path | None = None) -> dict:
+    """Syncs and collectives of one call of `fn` from a profiler trace (and CUDA's sync debug mode); with
+    `top`, the ops of most self CUDA time (self CPU time on a CPU); with `trace`, the Chrome trace gzipped there."""
     from torch.profiler import ProfilerActivity, profile
 
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    on_gpu = torch.cuda.is_available()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
     with profile(activities=activities) as prof:
         fn()
+        if on_gpu:
+            torch.cuda.synchronize()
     events = prof.key_averages()
     scalar = sum(1 for e in prof.events() if e.name == "aten::_local_scalar_dense" and not _in_fused_optimizer(e))
     # c10d's dispatcher ops (c10d::allreduce_, ...): one per collective on gloo and NCCL alike
     collectives = sum(e.count for e in events if e.key.startswith("c10d::"))
-    out = {"item_calls": scalar, "collectives": collectives}
-    if torch.cuda.is_available():
+    out = {"item_calls": scalar, "collectives": collectives,
+           "sync_calls": sum(e.count for e in events if e.key in SYNC_CALLS),
+           "d2h_copies": sum(e.count for e in events if e.key.startswith(D2H_COPY))}
+    if trace is not None:
+        trace.parent.mkdir(parents=True, exist_ok=True)
+        plain = trace.with_name(trace.name.removesuffix(".gz"))
+        prof.export_chrome_trace(str(plain))
+        with plain.open("rb") as src, gzip.open(trace, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        plain.unlink()
+        out["trace"] = str(trace)
+    if on_gpu:
         torch.cuda.set_sync_debug_mode("warn")
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -136,9 +162,21 @@ def host_syncs(fn: Callable[[], object], top: int = 0) -> dict:
         torch.cuda.set_sync_debug_mode("default")
         out["cuda_sync_warnings"] = sum("synchroniz" in str(w.message) for w in caught)
     if top:
-        out["top_ops"] = [(e.key, e.count, e.self_cpu_time_total / 1e3)
-                          for e in sorted(events, key=lambda e: -e.self_cpu_time_total)[:top]]
+        def self_us(e) -> float:
+            return e.self_device_time_total if on_gpu else e.self_cpu_time_total
+
+        out["top_by"] = "self CUDA" if on_gpu else "self CPU"
+        out["top_ops"] = [(e.key, e.count, self_us(e) / 1e3) for e in sorted(events, key=lambda e: -self_us(e))[:top]]
     return out
+
+
+def trace_path(base: str | None, mbs: int, name: str) -> Path | None:
+    """`--trace`'s path for one micro-batch size and pass: trace.json.gz -> trace.mbs4.forward.json.gz."""
+    if base is None:
+        return None
+    path = Path(base)
+    stem = path.name.removesuffix(".gz").removesuffix(".json")
+    return path.with_name(f"{stem}.mbs{mbs}.{name}.json.gz")
 
 
 def _in_fused_optimizer(event) -> bool:
@@ -199,8 +237,9 @@ def measure(actor: ModelRole, trainer: RLTrainer, batch: StepBatch, mbs: int, ar
                "optimizer_step_ms": step_s * 1e3,
                "forward_pass_s": forward_s, "update_pass_s": update_s}
         top = 15 if args.profile else 0
-        row["forward_syncs"] = host_syncs(forward_pass, top)
-        row["update_syncs"] = host_syncs(update_pass, top)
+        traces = args.trace if args.profile else None
+        row["forward_syncs"] = host_syncs(forward_pass, top, trace_path(traces, mbs, "forward"))
+        row["update_syncs"] = host_syncs(update_pass, top, trace_path(traces, mbs, "update"))
     finally:
         actor.optimizer.step = step
     return row
@@ -268,6 +307,10 @@ def print_table(result: dict) -> None:
         for name in ("forward_syncs", "update_syncs"):
             if "cuda_sync_warnings" in r[name]:
                 print(f"     {name}: {r[name]['cuda_sync_warnings']} CUDA sync warnings")
+            if "top_ops" in r[name]:
+                print(f"     {name}: {r[name]['sync_calls']} stream/device syncs, {r[name]['d2h_copies']} D2H "
+                      f"copies; top ops by {r[name]['top_by']} time" + (f" (trace {r[name]['trace']})"
+                                                                        if "trace" in r[name] else ""))
             for key, count, ms in r[name].get("top_ops", []):
                 print(f"     {name} {key:<50} {count:>6} {ms:>9.2f} ms")
     b = result["budgeted_forward"]

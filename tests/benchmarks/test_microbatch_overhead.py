@@ -29,3 +29,21 @@ def test_tiny_cpu_run_times_every_size_and_counts_syncs(tmp_path):
     # the default budget (16384 tokens) over 32-token rows takes all 8 rows in one forward micro-batch
     assert result["budgeted_forward"]["micro_batches"] == 1 and result["budgeted_forward"]["forward_pass_s"] > 0
     assert result["forward_overhead_ms"] == overhead_fit([(1, sizes[0]["forward_ms"]), (4, sizes[1]["forward_ms"])])
+
+
+def test_profile_writes_a_gzipped_chrome_trace_per_pass_and_prints_the_top_ops(tmp_path):
+    import gzip
+
+    trace = tmp_path / "traces" / "tiny.json.gz"
+    run = subprocess.run([sys.executable, "benchmarks/microbatch_overhead.py", "--rows", "4", "--seq", "16",
+                          "--prompt", "8", "--micro-batch-sizes", "2", "--repeats", "1", "--profile",
+                          "--trace", str(trace)], cwd=REPO, check=True, capture_output=True, text=True, timeout=600)
+    for name in ("forward", "update"):
+        path = tmp_path / "traces" / f"tiny.mbs2.{name}.json.gz"
+        events = json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
+        assert any(e.get("name", "").startswith("aten::") for e in events), name
+        assert f"{name}_syncs: 0 stream/device syncs, 0 D2H copies; top ops by self CPU time (trace {path})" \
+            in run.stdout, run.stdout
+    # the table lists ops with their call counts and self times
+    assert any(line.strip().startswith("update_syncs aten::") and line.endswith(" ms")
+               for line in run.stdout.splitlines()), run.stdout

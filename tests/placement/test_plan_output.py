@@ -60,3 +60,14 @@ def test_auto_explanation_memory_matches_the_table(tmp_path, monkeypatch, capsys
         roles = label.strip("{}").split(", ")
         ranks = {r for role in roles for r in plan["meshes"][role]["ranks"]}
         assert float(gib) == pytest.approx(max(totals[r] for r in ranks), abs=0.006), (label, gib, totals)
+
+
+def test_the_search_prices_its_chosen_plan_at_the_offload_share_the_plan_picks():
+    # An unset offload_fraction is searched at 1.0 but build_plan picks one share from the chosen layouts
+    # (0.95 here): the search's figure for its choice must be the plan's, not the 1.0 one.
+    cfg = load_experiment(None, list(AUTO))
+    result = search_config(cfg)
+    plan, explanation = search_placement(cfg)
+    assert 0 < min(plan.offload_fractions.values()) < 1.0
+    assert result.chosen.total == pytest.approx(plan_candidate(cfg, plan).total, rel=1e-9)
+    assert result.chosen in [p.best for p in result.partitions]  # the explanation ranks the repriced choice

@@ -21,6 +21,8 @@
 - vLLM's decode step adds a fixed host time (`vllm_decode_step_overhead_s`: scheduling, sampling, the
   engine process's round trip), fitted to the measured generation of the 1B H200 runs (device.py VLLM_DECODE).
 - Every pass of a role in a stage adds a fixed overhead (batch hand-off, barrier).
+- A micro-batch costs at least a fixed host time per layer (forward; forward + backward), an optimizer step
+  at least one per layer too: at 135M parameters that, not the math, is the time (device.py MICRO_BATCH_HOST).
 
 Every time is a per-iteration figure for the whole role (its ranks work in lock-step). Each function has a
 `*_breakdown` form (component -> seconds) that the explanation uses to say where time goes.
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import math
 
+from hybridflow.config.parallel import micro_batch_split
 from hybridflow.engines import get_engine
 from hybridflow.placement.auto.comm import allreduce_time, bridge_time, p2p_time, tp_allreduce_time
 from hybridflow.placement.auto.device import DeviceSpec, Efficiency
@@ -60,18 +63,24 @@ def _pp_crosses_node(s: Strategy, device: DeviceSpec) -> bool:
 
 def _forward_passes(role: RoleWork, s: Strategy, workload: Workload, device: DeviceSpec, eff: Efficiency,
                     samples: int, batch_per_step: int, flops_factor: float, mfu: float,
-                    allreduces_per_layer: int) -> Breakdown:
-    """Compute, pipeline bubble, TP and PP communication of passes over `samples` full sequences."""
+                    allreduces_per_layer: int, max_rows: int) -> Breakdown:
+    """Compute, pipeline bubble, TP and PP communication of passes over `samples` full sequences, each
+    schedule call over `batch_per_step` of them cut into micro-batches of at most `max_rows` rows per replica
+    as the runtime cuts them (micro_batch_split). A micro-batch takes at least its host time per layer
+    (`eff.forward_host_s_per_layer`, `train_host_s_per_layer`): a small model's kernels finish before
+    the host has launched the next ones."""
     m, seq = role.model, workload.sequence_length
     flops = flops_factor * m.forward_flops_per_token(seq / 2) * samples * seq
-    micro_batches = samples / (s.dp * role.micro_batch_size)
+    micro_per_step, rows = micro_batch_split(max(1, math.ceil(batch_per_step / s.dp)), max_rows)
+    micro_batches = micro_per_step * samples / batch_per_step
     per_param = TRAIN_STREAM_BYTES_PER_PARAM if flops_factor > 1 else m.dtype_bytes
     stream = micro_batches * m.params / (s.tp * s.pp) * per_param / (device.hbm_bytes_per_s * eff.hbm_efficiency)
-    compute = max(flops / (s.gpus * device.peak_flops * mfu), stream)
+    host_per_layer = eff.train_host_s_per_layer if flops_factor > 1 else eff.forward_host_s_per_layer
+    host = micro_batches * m.num_layers / s.pp * host_per_layer
+    compute = max(flops / (s.gpus * device.peak_flops * mfu), stream, host)
     # 1F1B: (p - 1) idle micro-batch slots per optimizer step (per pass for inference) of m micro-batches.
-    micro_per_step = batch_per_step / (s.dp * role.micro_batch_size)
     bubble = compute * (s.pp - 1) / max(micro_per_step, 1.0)
-    act_bytes = role.micro_batch_size * seq * m.hidden_size * m.dtype_bytes
+    act_bytes = rows * seq * m.hidden_size * m.dtype_bytes
     tp = allreduces_per_layer * (m.num_layers / s.pp) * micro_batches * tp_allreduce_time(act_bytes, s.tp,
                                                                                            device, eff)
     sends = (2 if flops_factor > 1 else 1) * micro_batches * (s.pp - 1) / s.pp
@@ -85,12 +94,13 @@ def training_breakdown(role: RoleWork, s: Strategy, workload: Workload, device: 
     samples = workload.samples * workload.ppo_epochs
     # forward + backward = 3 forwards; 4 TP all-reduces per layer (2 forward, 2 backward).
     out = _forward_passes(role, s, workload, device, eff, samples, workload.mini_batch_size, 3.0,
-                          eff.train_mfu, 4)
+                          eff.train_mfu, 4, role.update_micro_batch_size or role.micro_batch_size)
     steps = samples / workload.mini_batch_size
     shard = role.model.params / (s.tp * s.pp)
     sync = allreduce_time(shard * DP_SYNC_BYTES_PER_PARAM, s.dp, s.tp, device, eff) * (1 - eff.dp_overlap)
     on_host = shard / s.dp * role.offload_fraction
     adam = (shard / s.dp - on_host) * ADAM_BYTES_PER_PARAM / (device.hbm_bytes_per_s * eff.hbm_efficiency)
+    adam = max(adam, role.model.num_layers / s.pp * eff.optimizer_host_s_per_layer)
     out = {**out, "dp_sync": steps * sync, "optimizer": steps * adam}
     if on_host and device.host_bytes_per_s > 0:  # a CPU "device" has no host link (nothing to copy)
         link = on_host * OFFLOAD_LINK_BYTES_PER_PARAM / (device.host_bytes_per_s * eff.host_link_efficiency)
@@ -102,7 +112,7 @@ def inference_breakdown(role: RoleWork, s: Strategy, workload: Workload, device:
                         eff: Efficiency) -> Breakdown:
     """Log-probs / values / rewards: one forward over every sample."""
     return _forward_passes(role, s, workload, device, eff, workload.samples, workload.samples, 1.0,
-                           eff.infer_mfu, 2)
+                           eff.infer_mfu, 2, role.forward_micro_batch_size or role.micro_batch_size)
 
 
 def generation_breakdown(role: RoleWork, s: Strategy, workload: Workload, device: DeviceSpec,

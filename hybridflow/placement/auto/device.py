@@ -6,8 +6,9 @@ figure whether it is assumed or measured; `Efficiency.calibrated(...)` / `load_c
 hooks that replace a figure with a measured one and record where it came from (e.g. a benchmarks/results/
 file). Measured so far (`MEASURED`, H200 only): HBM streaming, the native rollout's decode step
 (`NATIVE_DECODE`), vLLM's host time per decode step (`VLLM_DECODE`), CPU Adam under optimizer offload
-(`CPU_ADAM`) and training / forward / prefill MFU at the Llama-3-8B shape; every other figure (the
-communication figures, vLLM's per-layer launch term, the per-pass overhead) is an assumption.
+(`CPU_ADAM`), the per-pass overhead (`PASS_OVERHEAD`), the micro-batch host floors (`MICRO_BATCH_HOST`) and
+training / forward / prefill MFU at the Llama-3-8B shape; every other figure (the communication figures,
+vLLM's per-layer launch term) is an assumption.
 """
 
 from __future__ import annotations
@@ -79,19 +80,49 @@ _NATIVE_DECODE_SOURCE = ("fitted 2026-12-03 by benchmarks/fit_decode.py to nativ
 VLLM_DECODE = {"vllm_decode_step_overhead_s": 4.24e-3}
 _VLLM_DECODE_SOURCE = ("fitted 2026-12-04 to ppo_llama_1b_h200 with rollout=vllm on one H200, two runs "
                        "(benchmarks/results/vllm_h200_20261204/, vllm_engine_process_h200_20261204/)")
-# torch's CPU Adam in HybridDeviceOptimizer, seconds per parameter per optimizer step: the 1B H200 offload run
-# (benchmarks/results/ppo_llama_1b_h200_offload_20261202/: update_actor 3.74 vs 1.66 s, update_critic 3.02 vs
-# 1.13 s without offload, 2 optimizer steps each on 1.236e9 parameters) less the modelled host-link copies
-# (8 bytes per parameter at 0.8 x 64 GB/s): 6.92e-10 (actor) and 6.18e-10 (critic), mean 6.55e-10 (~1.5e9
-# parameters/s on that host's 16 cores, one rank). Assumed per GPU elsewhere (8 ranks share a node's CPUs).
-CPU_ADAM = {"cpu_adam_s_per_param": 6.55e-10}
-_CPU_ADAM_SOURCE = ("fitted 2026-12-02 to the 1B offload run on one H200 "
-                    "(benchmarks/results/ppo_llama_1b_h200_offload_20261202/)")
+# torch's CPU Adam in HybridDeviceOptimizer, seconds per parameter per optimizer step, fitted together with the
+# per-pass overhead (PASS_OVERHEAD) by benchmarks/fit_pass_overhead.py: the 1B H200 offload run
+# (benchmarks/results/ppo_llama_1b_h200_offload_20261202/: update_actor 3.74, update_critic 3.02 s; 2 optimizer
+# steps each on 1.236e9 parameters, all on the host) as levels and as differences to the same updates without
+# offload (ppo_llama_1b_h200_20261203: 1.64 / 1.11 s), the host-link copies (8 bytes per parameter at
+# 0.8 x 64 GB/s) modelled apart: 7.03e-10 (~1.4e9 parameters/s on that host's 16 cores, one rank; 6.55e-10 when
+# fitted to the differences alone). Assumed per GPU elsewhere (8 ranks share a node's CPUs).
+CPU_ADAM = {"cpu_adam_s_per_param": 7.03e-10}
+_CPU_ADAM_SOURCE = ("fitted 2026-12-05 by benchmarks/fit_pass_overhead.py to the 1B offload run on one H200 "
+                    "(benchmarks/results/ppo_llama_1b_h200_offload_20261202/) and its run without offload "
+                    "(ppo_llama_1b_h200_20261203/)")
+# Fixed time of one role's pass in one stage beyond its modelled compute and micro-batch host floors (batch
+# broadcast from and results gathered to the collect rank, the barrier between stages, loss and metric
+# reductions), fitted by benchmarks/fit_pass_overhead.py with CPU_ADAM to every measured H200 forward-only pass
+# and update: the 1B PPO runs (ppo_llama_1b_h200_20261203, 7.72 s; its offload twin) and grpo_smollm2
+# (smollm2_h200_20261204, 1.97 s). 0.21 s (was an assumed 0.5). One figure for every pass leaves structure
+# behind: SmolLM2's forward passes (0.22 s measured, all micro-batch host time) come out 0.44 s, the 1B values
+# pass +39 %, the 1B actor update -28 % (the LM head's fp32 logits over a 128k vocabulary are not modelled).
+PASS_OVERHEAD = {"role_pass_overhead_s": 0.211}
+_PASS_OVERHEAD_SOURCE = ("fitted 2026-12-05 by benchmarks/fit_pass_overhead.py to the forward-only passes and "
+                         "updates of the 1B PPO H200 runs (with and without offload) and grpo_smollm2 on one H200 "
+                         "(benchmarks/results/ppo_llama_1b_h200_20261203/, ppo_llama_1b_h200_offload_20261202/, "
+                         "smollm2_h200_20261204/)")
 # Forward + backward and forward-only MFU in the planner's FLOP convention (`ModelCostShape.forward_flops_per_token`
 # at the causal mean context), Llama-3-8B shape, TP = PP = 1, megatron-core with torch SDPA (no Transformer
 # Engine): benchmarks/actor_mfu.py --shape 8b [--mode forward]; at the 1.5B shape the same runs give 0.44 / 0.37.
 _MFU_SOURCE = ("measured 2026-12-03 on one H200, Llama-3-8B shape, TP 1, torch SDPA: "
                "benchmarks/results/calibrate_h200_20261203/")
+
+
+# Host time per micro-batch and layer, and per optimizer step and layer (Python in megatron-core's schedule and
+# modules, kernel launches, host syncs), a floor under each micro-batch's compute. Measured 2026-12-04 on one
+# H200 at SmolLM2-135M's shape (30 layers, bf16, commit b2bdae4; benchmarks/microbatch_overhead.py --shape
+# smollm2_135m --rows 64 --micro-batch-sizes 4 64, benchmarks/results/smollm2_h200_20261204/overhead_smollm2.json):
+# forward 59.5 / 56.5 ms per micro-batch of 4 / 64 rows, forward + backward 102.3 / 101.7 ms, optimizer step
+# 19.1 / 17.1 ms, whatever the rows: 57 / 30, 101 / 30 and 18 / 30 ms per layer. One shape; per layer is the
+# assumption that carries it to other depths. The per-pass overhead on top (PASS_OVERHEAD) is fitted with these
+# floors in place.
+MICRO_BATCH_HOST = {"forward_host_s_per_layer": 57e-3 / 30, "train_host_s_per_layer": 101e-3 / 30,
+                    "optimizer_host_s_per_layer": 18e-3 / 30}
+_MICRO_BATCH_HOST_SOURCE = ("measured 2026-12-04 on one H200, SmolLM2-135M shape, 30 layers "
+                            "(benchmarks/results/smollm2_h200_20261204/overhead_smollm2.json, grpo_smollm2 stage "
+                            "times)")
 
 
 @dataclass(frozen=True)
@@ -124,8 +155,14 @@ class Efficiency:
     # Share of the data-parallel gradient sync hidden under backward compute (Megatron overlap_grad_reduce).
     dp_overlap: float = 0.0
     # Fixed cost of one role's pass in one stage, whatever the GPU count: batch broadcast from and results
-    # gathered to the collect rank, the barrier between stages, switching the set's GPUs to this role.
-    role_pass_overhead_s: float = 0.5
+    # gathered to the collect rank, the barrier between stages, switching the set's GPUs to this role
+    # (PASS_OVERHEAD; the H200 fit as the default elsewhere).
+    role_pass_overhead_s: float = PASS_OVERHEAD["role_pass_overhead_s"]
+    # A micro-batch's host time per layer, forward-only and forward + backward, and an optimizer step's
+    # (MICRO_BATCH_HOST; the H200 figures as the default elsewhere).
+    forward_host_s_per_layer: float = MICRO_BATCH_HOST["forward_host_s_per_layer"]
+    train_host_s_per_layer: float = MICRO_BATCH_HOST["train_host_s_per_layer"]
+    optimizer_host_s_per_layer: float = MICRO_BATCH_HOST["optimizer_host_s_per_layer"]
     sources: dict[str, str] = field(default_factory=dict)
 
     def source(self, name: str) -> str:
@@ -152,6 +189,8 @@ MEASURED: dict[str, list[tuple[str, float, str]]] = {
              *[(name, value, _NATIVE_DECODE_SOURCE) for name, value in NATIVE_DECODE.items()],
              *[(name, value, _VLLM_DECODE_SOURCE) for name, value in VLLM_DECODE.items()],
              *[(name, value, _CPU_ADAM_SOURCE) for name, value in CPU_ADAM.items()],
+             *[(name, value, _PASS_OVERHEAD_SOURCE) for name, value in PASS_OVERHEAD.items()],
+             *[(name, value, _MICRO_BATCH_HOST_SOURCE) for name, value in MICRO_BATCH_HOST.items()],
              ("train_mfu", 0.535, _MFU_SOURCE + "train8b_mb1.json, train8b_mb2.json (0.535 / 0.541)"),
              ("infer_mfu", 0.519, _MFU_SOURCE + "fwd8b_s2048.json (sequence 2048, micro-batch 4)"),
              ("prefill_mfu", 0.518, _MFU_SOURCE + "fwd8b_s1024.json (1024-token prompts, batch 8)")],

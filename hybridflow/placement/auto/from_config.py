@@ -28,6 +28,7 @@ from hybridflow.placement.auto.workload import (
 from hybridflow.placement.checks import check_batch_sizes
 from hybridflow.placement.memory import GIB, estimate_role_memory, offloaded_share, rollout_shares_actor_weights
 from hybridflow.placement.mesh import Dims
+from hybridflow.placement.offload import roles_to_pick
 from hybridflow.placement.planner import Plan, build_plan
 from hybridflow.placement.report import set_memory_bytes
 
@@ -55,8 +56,10 @@ def one_step_off(cfg: ExperimentConfig) -> bool:
 def workload_from_config(cfg: ExperimentConfig) -> Workload:
     """Roles taking part, batch and lengths from `cfg`. The rollout rides on the actor's set, or at
     trainer.rollout_lag=1 (native engine) is a role of its own that the search keeps off the actor's GPUs."""
+    seq = cfg.data.seq_length
     roles = tuple(
         RoleWork(name, model_shape(cfg.role_model(name), name), stages, cfg.roles.get(name).micro_batch_size,
+                 cfg.roles.get(name).forward_micro_batch_size(seq), cfg.roles.get(name).update_micro_batch_size(seq),
                  offloaded_share(cfg.roles.get(name)) if name in TRAINED_ROLES else 0.0)
         for name, stages in _STAGES.items() if cfg.roles.get(name).enabled)
     lag = one_step_off(cfg)
@@ -112,8 +115,21 @@ def search_config(cfg: ExperimentConfig, eff: Efficiency | None = None) -> Searc
     # The estimator leaves out CUDA contexts, NCCL buffers and fragmentation: the search fills GPUs only up to
     # what build_plan's check accepts, the capacity less cluster.gpu_memory_headroom_gib.
     capacity = (cfg.cluster.gpu_memory_gib - cfg.cluster.gpu_memory_headroom_gib) * GIB
-    return search(workload, device, memory_from_config(cfg), eff, capacity,
-                  tuple(tuple(g) for g in cfg.placement.colocate))
+    result = search(workload, device, memory_from_config(cfg), eff, capacity,
+                    tuple(tuple(g) for g in cfg.placement.colocate))
+    if not roles_to_pick(cfg, workload.role_names):
+        return result
+    # An unset offload_fraction is searched at 1.0 (offloaded_share: the memory the search may count on), but
+    # build_plan then picks one plan-wide share from the chosen layouts' memory (0.95 for ppo_llama3_8b_4gpu):
+    # the chosen candidate is priced at the share its plan runs, as plan_candidate prices any plan.
+    from hybridflow.placement.auto.predict import plan_candidate  # predict builds on this module
+
+    chosen = plan_candidate(cfg, plan_from_candidate(cfg, result.chosen), eff=eff)
+    for p in result.partitions:
+        if p.best is result.chosen:
+            p.best = chosen
+    result.chosen = chosen
+    return result
 
 
 def plan_from_candidate(cfg: ExperimentConfig, cand: Candidate) -> Plan:

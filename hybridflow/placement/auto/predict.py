@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from hybridflow.config.experiment import ExperimentConfig
-from hybridflow.placement.auto.cost_model import role_stage_times
-from hybridflow.placement.auto.device import DeviceSpec, efficiency_for
+from hybridflow.placement.auto.cost_model import role_stage_breakdown
+from hybridflow.placement.auto.device import DeviceSpec, Efficiency, efficiency_for
 from hybridflow.placement.auto.from_config import memory_from_config, workload_from_config
 from hybridflow.placement.auto.search import Candidate, compose
 from hybridflow.placement.auto.set_solver import RoleChoice, SetSolution
@@ -31,11 +31,13 @@ def workload_at_lengths(cfg: ExperimentConfig, lengths: tuple[float, float] | No
     return replace(workload, prompt_length=prompt, response_length=response)
 
 
-def plan_candidate(cfg: ExperimentConfig, plan: Plan, lengths: tuple[float, float] | None = None) -> Candidate:
+def plan_candidate(cfg: ExperimentConfig, plan: Plan, lengths: tuple[float, float] | None = None,
+                   eff: Efficiency | None = None) -> Candidate:
     """`plan` priced as the search prices its own candidates; `candidate.total` is the predicted step.
 
     `lengths` = (prompt, response) tokens per sample, e.g. a run's measured means; default: the config's
-    longest prompt and full response length.
+    longest prompt and full response length. `eff`: the cost-model factors (default: those measured on
+    `cfg.cluster.gpu_type`, as the search uses).
     """
     workload = workload_at_lengths(cfg, lengths)
     # the optimizer shares the plan offloads (an unset roles.<role>.offload_fraction is the plan's pick)
@@ -43,7 +45,7 @@ def plan_candidate(cfg: ExperimentConfig, plan: Plan, lengths: tuple[float, floa
         replace(r, offload_fraction=plan.offload_fractions.get(r.name, 0.0)) if r.trains else r
         for r in workload.roles))
     device = DeviceSpec.from_cluster(cfg.cluster)
-    eff = efficiency_for(cfg.cluster.gpu_type)
+    eff = eff or efficiency_for(cfg.cluster.gpu_type)
     memory = memory_from_config(cfg)
     rollout = plan.meshes.get("rollout")
     sets, ranks = [], []
@@ -56,7 +58,9 @@ def plan_candidate(cfg: ExperimentConfig, plan: Plan, lengths: tuple[float, floa
             s = Strategy(mesh.tp, mesh.pp, mesh.dp, rollout.tp if role.generates and rollout else 0)
             estimate = memory(name, s)  # None: a layout the search would skip; no figures then
             bytes_, kv = estimate if estimate else (0.0, 0.0)
-            choices.append(RoleChoice(name, s, bytes_, role_stage_times(role, s, workload, device, eff, kv)))
+            parts = role_stage_breakdown(role, s, workload, device, eff, kv)
+            times = {stage: sum(p.values()) for stage, p in parts.items()}
+            choices.append(RoleChoice(name, s, bytes_, times, parts))  # with parts, as the search's choices
         if choices:
             held = sorted({r for name in roles for r in plan.meshes[name].ranks})
             sets.append(SetSolution(tuple(c.role for c in choices), len(held), tuple(choices)))

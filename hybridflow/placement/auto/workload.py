@@ -6,7 +6,7 @@ can be exercised with hand-built workloads; `from_config.workload_from_config` b
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hybridflow.families import resolved_head_dim
 from hybridflow.placement.param_count import layer_matmul_params
@@ -93,6 +93,10 @@ class RoleWork:
     model: ModelCostShape
     stages: tuple[str, ...]
     micro_batch_size: int = 1
+    # Most rows per micro-batch of a forward-only pass and of an update, as the runtime sizes them
+    # (RoleConfig.forward_micro_batch_size / update_micro_batch_size at data.seq_length); 0 = micro_batch_size.
+    forward_micro_batch_size: int = 0
+    update_micro_batch_size: int = 0
     # Share of the optimizer megatron's HybridDeviceOptimizer steps on the host (roles.<role>.offload_fraction
     # with offload_optimizer; 0 = all on the GPU).
     offload_fraction: float = 0.0
@@ -182,8 +186,7 @@ def split_rollout(roles: tuple[RoleWork, ...]) -> tuple[RoleWork, ...]:
     for r in roles:
         if r.generates:
             rollout = RoleWork(ROLLOUT, r.model, (GENERATION,))
-            r = RoleWork(r.name, r.model, tuple(s for s in r.stages if s != GENERATION), r.micro_batch_size,
-                         r.offload_fraction)
+            r = replace(r, stages=tuple(s for s in r.stages if s != GENERATION))
         out.append(r)
     if rollout is None:
         raise ValueError("split_rollout: no role generates")

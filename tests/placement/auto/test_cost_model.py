@@ -15,7 +15,10 @@ from hybridflow.placement.auto.strategy import Strategy, strategies_for
 from hybridflow.placement.auto.workload import LLAMA_SHAPES, ModelCostShape, Workload, ppo_roles
 
 A100 = DeviceSpec.from_cluster(ClusterConfig(nodes=2, gpus_per_node=8, gpu_type="A100"))
-EFF = replace(Efficiency(), role_pass_overhead_s=0.0)
+# the formula tests price compute and communication alone: no per-pass or per-micro-batch host time
+NO_HOST = dict(role_pass_overhead_s=0.0, forward_host_s_per_layer=0.0, train_host_s_per_layer=0.0,
+               optimizer_host_s_per_layer=0.0)
+EFF = replace(Efficiency(), **NO_HOST)
 
 
 def workload(size="7b", prompts=64):
@@ -240,7 +243,7 @@ def test_vllm_generation_matches_the_measured_h200_runs():
 
 
 def test_offload_costs_host_link_copies_and_cpu_adam():
-    eff = replace(efficiency_for("H200"), role_pass_overhead_s=0.0)
+    eff = replace(efficiency_for("H200"), **NO_HOST)
     wl = native_workload(LLAMA_1B, 64, 128, 512)
     actor, s = wl.role("actor"), Strategy(1, 1, 1, gen_tp=1)
     from hybridflow.placement.auto.cost_model import training_breakdown
