@@ -85,6 +85,33 @@ class Plan:
             },
         }
 
+    @classmethod
+    def from_json(cls, data: dict) -> Plan:
+        """The plan `to_json` wrote, equal to the one that wrote it (what the ranks load from plan.json)."""
+        role_memory = {int(r): {role: _estimate(MemoryEstimate, m) for role, m in parts["roles"].items()}
+                       for r, parts in data["memory"].items()}
+        return cls(
+            world_size=data["world_size"],
+            nodes=data["nodes"],
+            gpus_per_node=data["gpus_per_node"],
+            gpus=tuple(GPU(g["rank"], g["node"], g["local_index"]) for g in data["gpus"]),
+            meshes={role: RoleMesh.from_json(role, m) for role, m in data["meshes"].items()},
+            rank_roles={int(r): tuple(roles) for r, roles in data["rank_roles"].items()},
+            colocation_sets=[tuple(s) for s in data["colocation_sets"]],
+            memory={int(r): _estimate(MemoryEstimate, parts["total"]) for r, parts in data["memory"].items()},
+            role_memory=role_memory,
+            capacity_bytes=data["capacity_bytes"],
+            headroom_bytes=data["headroom_bytes"],
+            host_memory={int(n): _estimate(HostMemoryEstimate, m) for n, m in data["host_memory"].items()},
+            host_capacity_bytes=data["host_capacity_bytes"],
+            offload_fractions=dict(data["offload_fractions"]),
+        )
+
+
+def _estimate[E: (MemoryEstimate, HostMemoryEstimate)](kind: type[E], parts: dict[str, int]) -> E:
+    """An estimate from its JSON parts (`total` is derived, not a field)."""
+    return kind(**{name: value for name, value in parts.items() if name != "total"})
+
 
 def resolve_resources(cfg: ExperimentConfig) -> dict[str, tuple[int, ...]]:
     """Enabled role -> ordered global ranks from `placement.resources` (ref defaults to the actor's)."""
