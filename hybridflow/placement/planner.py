@@ -28,7 +28,7 @@ from hybridflow.placement.offload import (
     roles_to_pick,
     with_offload_fraction,
 )
-from hybridflow.placement.reshard_plan import generation_mesh
+from hybridflow.placement.generation import generation_mesh
 from hybridflow.placement.resources import parse_gpu_list
 
 
@@ -177,7 +177,7 @@ def build_plan(
         check_batch_sizes(cfg, role, d)
         mesh = RoleMesh(role=role, ranks=role_rank_list, tp=d.tp, pp=d.pp, dp=d.dp)
         if role == Role.ROLLOUT and Role.ACTOR in meshes:  # ROLES order: the actor's mesh exists by now
-            _, mesh = generation_mesh(meshes["actor"], mesh)  # the order the run builds its TP groups in
+            mesh = generation_mesh(meshes["actor"], mesh)  # the order the run builds its TP groups in
         check_tp_groups_local(mesh, gpus, cfg)
         meshes[role] = mesh
     rank_roles = {g.rank: tuple(r for r in meshes if g.rank in meshes[r].ranks) for g in gpus}

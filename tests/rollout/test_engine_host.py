@@ -138,7 +138,8 @@ def _hosted_vs_in_process(hf_dir: str):
 
     from hybridflow.data.step_batch import StepBatch
     from hybridflow.placement import RoleMesh
-    from hybridflow.placement.reshard_plan import GenerationLayout, TrainingLayout, build_reshard_plan
+    from hybridflow.placement import RoleMesh
+    from megatron_adapters.bridge import build_reshard_plan
     from hybridflow.roles.rollout_role import RolloutRole, build_rollout_role
     from hybridflow.rollout.engine_host import start_hosted_engine
     from megatron_adapters.bridge import TargetFormat, WeightBridge
@@ -148,7 +149,7 @@ def _hosted_vs_in_process(hf_dir: str):
 
     cpu, fp32 = torch.device("cpu"), torch.float32
     mesh = RoleMesh("rollout", (1, 2), tp=2, pp=1, dp=1)
-    plan = build_reshard_plan(TrainingLayout((1, 2), 2, 1, 1), GenerationLayout((1, 2), 2))
+    plan = build_reshard_plan(RoleMesh("actor", (1, 2), 2, 1, 1), RoleMesh("rollout", (1, 2), 2, 1, 1))
     actor_groups = build_role_groups([1, 2], tp=2, pp=1, dp=1)
     rollout_groups = build_role_groups([1, 2], tp=2, pp=1, dp=1)
     actor = None
