@@ -19,6 +19,7 @@ from hybridflow.placement.checks import (
     check_tp_groups_local,
 )
 from hybridflow.placement.cluster import GPU, cluster_gpus
+from hybridflow.placement.generation import generation_mesh
 from hybridflow.placement.host_memory import HostMemoryEstimate, node_host_memory
 from hybridflow.placement.memory import GIB, MemoryEstimate, estimate_role_memory
 from hybridflow.placement.mesh import Dims, ParallelDims, RoleMesh
@@ -28,7 +29,6 @@ from hybridflow.placement.offload import (
     roles_to_pick,
     with_offload_fraction,
 )
-from hybridflow.placement.generation import generation_mesh
 from hybridflow.placement.resources import parse_gpu_list
 
 

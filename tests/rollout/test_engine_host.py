@@ -138,11 +138,9 @@ def _hosted_vs_in_process(hf_dir: str):
 
     from hybridflow.data.step_batch import StepBatch
     from hybridflow.placement import RoleMesh
-    from hybridflow.placement import RoleMesh
-    from megatron_adapters.bridge import build_reshard_plan
     from hybridflow.roles.rollout_role import RolloutRole, build_rollout_role
     from hybridflow.rollout.engine_host import start_hosted_engine
-    from megatron_adapters.bridge import TargetFormat, WeightBridge
+    from megatron_adapters.bridge import TargetFormat, WeightBridge, build_reshard_plan
     from megatron_adapters.hf_safetensors import load_hf_weights
     from megatron_adapters.model import build_gpt, model_shape
     from megatron_adapters.process_groups import build_role_groups

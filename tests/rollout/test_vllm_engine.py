@@ -474,10 +474,8 @@ def test_gpu_generation_logprobs_and_sleep_wake(tmp_path, single_rank_world):
     tokens equal HF's; sampled-token log-probs match HF; a sleep/sync/wake cycle keeps them."""
     import transformers
 
-    from hybridflow.placement import RoleMesh
-    from megatron_adapters.bridge import build_reshard_plan
     from hybridflow.rollout.engine_host import start_hosted_engine
-    from megatron_adapters.bridge import TargetFormat, WeightBridge
+    from megatron_adapters.bridge import TargetFormat, WeightBridge, build_reshard_plan
     from megatron_adapters.hf_weights import ShardSpec, hf_to_mcore_shard
     from megatron_adapters.model import model_shape, padded_vocab_size
     from tests.megatron_adapters.bridge.bridge_fixtures import hf_reader
