@@ -15,6 +15,7 @@ import signal
 import sys
 from pathlib import Path
 
+from hybridflow.algorithms import check_algorithm
 from hybridflow.config import ExperimentConfig, load_experiment, split_argv
 from hybridflow.config_help import config_parser, job_config_yaml, parse_config_args
 from hybridflow.errors import cli_errors
@@ -40,6 +41,7 @@ def main(argv: list[str] | None = None) -> None:
         with cli_errors():
             experiment, overrides = split_argv(args.overrides)
             cfg = load_experiment(experiment, overrides)
+            check_algorithm(cfg)
             if args.cfg:
                 print(job_config_yaml(cfg), end="")
                 return
