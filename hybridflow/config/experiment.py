@@ -61,7 +61,7 @@ def finalize_experiment(cfg: ExperimentConfig) -> ExperimentConfig:
         if not cfg.roles.get(role).enabled:
             raise UserError(f"roles.{role}.enabled: every experiment needs the {role}; set it to true")
 
-    _check_algorithm_roles(cfg)
+    _check_overlong_and_reward(cfg)
     _check_lengths(cfg)
     _check_lr_schedule(cfg)
     return cfg
@@ -111,7 +111,7 @@ def _inherit_ref_parallel(cfg: ExperimentConfig) -> None:
                 raise UserError(f"roles.{role}.parallel.{name}: is null; set it (tp/pp >= 1)")
 
 
-def _check_algorithm_roles(cfg: ExperimentConfig) -> None:
+def _check_overlong_and_reward(cfg: ExperimentConfig) -> None:
     # What the named algorithm needs (a critic, groups, loss_agg modes) its record checks before planning
     # (hybridflow.algorithms.registry.check_algorithm); config imports no algorithm.
     alg = cfg.algorithm
