@@ -103,6 +103,7 @@ def grpo_trainer(actor: ModelRole, mesh: RoleMesh, rows: int) -> RLTrainer:
     alg = cfg.algorithm
     alg.name, alg.kl_in_reward, alg.kl_coef, alg.whiten_advantages = "grpo", False, 0.04, False
     alg.mini_batch_size, alg.ppo_epochs = rows, 1
+    cfg.roles.critic.enabled, cfg.rollout.n_samples_per_prompt = False, 2  # what grpo's record asks of a run
     return RLTrainer(cfg=cfg, roles={"actor": actor}, meshes={"actor": mesh, "ref": mesh}, rollout=None,
                      scorer=None, kl_ctl=build_kl_controller("fixed", alg.kl_coef, alg.kl_target, alg.kl_horizon),
                      algorithm=build_algorithm(cfg), device=torch.device("cpu"), training=None)

@@ -28,10 +28,9 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hybridflow.config.model import DTYPES, torch_dtype  # noqa: E402
+from hybridflow.placement import RoleMesh  # noqa: E402
 from megatron_adapters.bridge import (  # noqa: E402  (after the repo-root path fix-up)
-    GenerationLayout,
     TargetFormat,
-    TrainingLayout,
     WeightBridge,
     build_reshard_plan,
 )
@@ -89,9 +88,8 @@ def run(args: argparse.Namespace) -> dict:
     shape, dtype = SHAPES[args.shape], torch_dtype(args.dtype)
     ranks = tuple(range(world))
     dp = world // (args.train_tp * args.train_pp)
-    plan = build_reshard_plan(
-        TrainingLayout(ranks, args.train_tp, args.train_pp, dp), GenerationLayout(ranks, args.gen_tp)
-    )
+    plan = build_reshard_plan(RoleMesh("actor", ranks, args.train_tp, args.train_pp, dp),
+                              RoleMesh("rollout", ranks, args.gen_tp, 1, world // args.gen_tp))
     target = TargetFormat.VLLM if args.target == "vllm" else TargetFormat.MEGATRON
     bridge = WeightBridge(plan, shape, target, dtype=dtype, bucket_bytes=args.bucket_mb << 20, device=device)
     rank = dist.get_rank()

@@ -8,6 +8,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from hybridflow.algorithms import check_algorithm
 from hybridflow.config import load_experiment, split_argv
 from hybridflow.errors import cli_errors
 from hybridflow.launch.env_checks import Finding, Needs, check_all
@@ -35,6 +36,7 @@ def needs_from_argv(overrides: Sequence[str]) -> Needs:
     if experiment is None and not rest:
         return Needs()
     cfg = load_experiment(experiment, rest)
+    check_algorithm(cfg)
     return Needs.from_experiment(cfg, plan_placement(cfg))
 
 

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from hybridflow.algorithms import check_algorithm
 from hybridflow.config import load_experiment, split_argv
 from hybridflow.config_help import config_parser, job_config_yaml, parse_config_args
 from hybridflow.data.vocabulary import check_run_tokens, stop_ids_source
@@ -34,6 +35,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     with cli_errors():
         cfg = load_experiment(*split_argv(args.overrides))
+        check_algorithm(cfg)  # what the algorithm needs from the run (its record), before planning
         if args.cfg:
             print(job_config_yaml(cfg), end="")
             return 0

@@ -1,8 +1,10 @@
 """`python -m hybridflow.run +experiment=NAME [overrides]`: plan, check, launch the ranks, train.
 
-Outside a launcher it starts one process per planned rank through PyTorch's elastic launcher; under
-torchrun or srun it is one of those ranks already. A finished run is not trained again; a run that can
-resume from its output directory does, after its checkpoint was checked against this run.
+Outside a launcher it plans, writes the plan to <trainer.output_dir>/plan.json and starts one process per
+planned rank through PyTorch's elastic launcher; each rank loads that plan. Under torchrun or srun it is one
+of those ranks already and loads the plan.json that `--plan-only` wrote before the launcher started (the
+script `python -m hybridflow.sbatch` renders runs that step). A finished run is not trained again; a run that
+can resume from its output directory does, after its checkpoint was checked against this run.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import signal
 import sys
 from pathlib import Path
 
+from hybridflow.algorithms import check_algorithm
 from hybridflow.config import ExperimentConfig, load_experiment, split_argv
 from hybridflow.config_help import config_parser, job_config_yaml, parse_config_args
 from hybridflow.errors import cli_errors
@@ -21,31 +24,40 @@ from hybridflow.noise import quiet_known_noise
 from hybridflow.placement import Plan, plan_placement
 from hybridflow.placement.report import plan_summary
 from hybridflow.trainer import resume
+from hybridflow.trainer.plan_file import read_plan, write_plan
 from hybridflow.trainer.preflight import preflight
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = parse_config_args(config_parser("python -m hybridflow.run", __doc__), argv)
+    parser = config_parser("python -m hybridflow.run", __doc__)
+    parser.add_argument("--plan-only", action="store_true",
+                        help="plan, check and write <trainer.output_dir>/plan.json for ranks that srun or torchrun "
+                             "start, then exit")
+    args = parse_config_args(parser, argv)
     first = os.environ.get("RANK", "0") == "0"  # under torchrun/srun every rank runs this: say things once
     cfg, start_step, offset = None, 0, 0
     try:
         with cli_errors():
             experiment, overrides = split_argv(args.overrides)
             cfg = load_experiment(experiment, overrides)
+            check_algorithm(cfg)
             if args.cfg:
                 print(job_config_yaml(cfg), end="")
                 return
-            plan = plan_placement(cfg)
+            rank_of_launcher = detect_launcher() is not None and not args.plan_only
+            plan = read_plan(cfg) if rank_of_launcher else plan_placement(cfg)  # planned once, by the launcher
             notes = preflight(cfg, plan)
             start_from = resume.resume_point(cfg)
             if start_from is not None:
                 resume.check_resumable(start_from, cfg, plan)
                 start_step = resume.checkpoint_step(start_from)
-                if start_step >= cfg.trainer.total_steps:
-                    if first:
-                        print(resume.complete_line(start_from, cfg), flush=True)
-                    return
+            if not rank_of_launcher:  # checked: the ranks (local, or srun's after --plan-only) load this
+                plan_file = write_plan(cfg, plan)
+            if start_from is not None and start_step >= cfg.trainer.total_steps:
+                if first:
+                    print(resume.complete_line(start_from, cfg), flush=True)
+                return
             out = Path(cfg.trainer.output_dir)
             if first:
                 print(f"hybridflow run: experiment {cfg.name}\n  plan:   {plan_summary(plan)}\n"
@@ -56,6 +68,9 @@ def main(argv: list[str] | None = None) -> None:
                 if previous is not None:
                     print(f"  starting over (trainer.resume=never): the previous run's checkpoints and metrics "
                           f"are in {previous}", flush=True)
+            if args.plan_only:
+                print(f"  wrote {plan_file}", flush=True)
+                return
             offset = resume.metrics_size(out)
             _launch(cfg, plan, experiment, overrides)
     except (KeyboardInterrupt, LaunchInterrupted) as err:

@@ -20,6 +20,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from hybridflow.algorithms import check_algorithm
 from hybridflow.config import ExperimentConfig, load_experiment, split_argv
 from hybridflow.config_help import config_parser, job_config_yaml, parse_config_args
 from hybridflow.errors import UserError, cli_errors
@@ -54,9 +55,12 @@ def load_job(argv_overrides: Sequence[str]) -> tuple[ExperimentConfig, SlurmConf
     """The experiment, the Slurm settings and the overrides the job's run command gets."""
     if _has_slurm_field():
         cfg = load_experiment(*split_argv(argv_overrides))
+        check_algorithm(cfg)
         return cfg, cfg.slurm, [o for o in argv_overrides if not o.startswith(SLURM_PREFIX)]
     slurm, run_overrides = parse_slurm_overrides(argv_overrides)
-    return load_experiment(*split_argv(run_overrides)), slurm, run_overrides
+    cfg = load_experiment(*split_argv(run_overrides))
+    check_algorithm(cfg)
+    return cfg, slurm, run_overrides
 
 
 def render_for_experiment(argv_overrides: Sequence[str]) -> str:

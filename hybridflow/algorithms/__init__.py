@@ -1,7 +1,8 @@
 """RL algorithms as pure tensor functions, by concept: advantages/ (one estimator per file), losses/ (policy,
 value and supervised losses, loss aggregation), kl/ (estimators, coefficient controllers), scores/ (shaping and
-group filtering of per-sample scores), masked.py (masked reductions) and registry.py (`algorithm.name` -> the
-pieces). No model, no process groups."""
+group filtering of per-sample scores), masked.py (masked reductions), protocols.py (what the trainer calls the
+pieces with), record.py (one algorithm as one record), builtin/ (one module per algorithm) and registry.py
+(`algorithm.name` -> its record). No model, no process groups."""
 
 from hybridflow.algorithms.advantages.base import Advantages
 from hybridflow.algorithms.advantages.gae import GAE, gae_advantages
@@ -39,18 +40,19 @@ from hybridflow.algorithms.losses.gspo_clip import SequenceClip, sequence_clip_l
 from hybridflow.algorithms.losses.ppo_clip import TokenClip, ppo_policy_loss
 from hybridflow.algorithms.losses.value_clip import clipped_value_loss
 from hybridflow.algorithms.masked import last_masked_index, masked_mean, masked_sum, masked_var, masked_whiten
+from hybridflow.algorithms.protocols import AdvantageEstimator, GroupFilter, PolicyLoss, ScoreShaping
+from hybridflow.algorithms.record import Algorithm, AlgorithmRecord
 from hybridflow.algorithms.registry import (
-    ALGORITHM_BUILDERS,
-    AdvantageEstimator,
-    Algorithm,
-    PolicyLoss,
+    algorithm_record,
     build_algorithm,
+    check_algorithm,
+    register_algorithm,
+    registered_algorithms,
 )
 from hybridflow.algorithms.scores.group_filter import DropUniformGroups, varied_groups
 from hybridflow.algorithms.scores.overlong import OverlongPenalty, overlong_penalty
 
 __all__ = [
-    "ALGORITHM_BUILDERS",
     "GAE",
     "KL_ESTIMATORS",
     "ActorLossConfig",
@@ -58,9 +60,11 @@ __all__ = [
     "AdvantageEstimator",
     "Advantages",
     "Algorithm",
+    "AlgorithmRecord",
     "CriticLossConfig",
     "DropUniformGroups",
     "FixedKLController",
+    "GroupFilter",
     "GroupNormalized",
     "KLController",
     "LeaveOneOut",
@@ -69,11 +73,14 @@ __all__ = [
     "PolicyLoss",
     "ReinforcePP",
     "ReinforcePPBaseline",
+    "ScoreShaping",
     "SequenceClip",
     "TokenClip",
     "actor_loss",
+    "algorithm_record",
     "build_algorithm",
     "build_kl_controller",
+    "check_algorithm",
     "sequence_kl",
     "clipped_value_loss",
     "critic_loss",
@@ -96,6 +103,8 @@ __all__ = [
     "masked_whiten",
     "overlong_penalty",
     "ppo_policy_loss",
+    "register_algorithm",
+    "registered_algorithms",
     "sequence_clip_loss",
     "sft_loss",
     "token_means",

@@ -1,108 +1,73 @@
-"""`algorithm.name` -> the pieces of an RL algorithm; the only place the name is looked at.
+"""`algorithm.name` -> its `AlgorithmRecord`; the only place the name is looked at.
 
-Each algorithm is an advantage estimator, a policy loss, an optional reward shaping and an optional batch
-filter, all small config objects built from the typed config here. What an algorithm needs from the rest of
-the run (a critic, groups of samples, a loss aggregation) is stated once, in
-hybridflow.config.algorithm.ALGORITHM_NEEDS (which names the same algorithms), and checked at load time.
+Every module of `hybridflow/algorithms/builtin/` registers its `ALGORITHM` under its own name; code outside
+the package adds one with `register_algorithm(name, record)` before the run is checked. `check_algorithm`
+asks the record what the algorithm needs (a critic, groups, a loss aggregation) and refuses the config in
+one line before anything is planned; `build_algorithm` builds its pieces.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+import importlib
+import pkgutil
 
-from hybridflow.algorithms.advantages.gae import GAE
-from hybridflow.algorithms.advantages.group_norm import GroupNormalized
-from hybridflow.algorithms.advantages.reinforce_pp import ReinforcePP, ReinforcePPBaseline
-from hybridflow.algorithms.advantages.rloo import LeaveOneOut
-from hybridflow.algorithms.losses.gspo_clip import SequenceClip
-from hybridflow.algorithms.losses.ppo_clip import TokenClip
-from hybridflow.algorithms.scores.group_filter import DropUniformGroups
-from hybridflow.algorithms.scores.overlong import OverlongPenalty
+import hybridflow.algorithms.builtin as builtin
+from hybridflow.algorithms.record import Algorithm, AlgorithmRecord
 from hybridflow.config import ExperimentConfig
 from hybridflow.errors import UserError
 
-AdvantageEstimator = GAE | GroupNormalized | LeaveOneOut | ReinforcePP | ReinforcePPBaseline
-PolicyLoss = TokenClip | SequenceClip
+_RECORDS: dict[str, AlgorithmRecord] = {}
 
 
-@dataclass(frozen=True)
-class Algorithm:
-    """An RL algorithm's pieces. `shaping` changes the scores before advantages (None: the scores as they
-    are); `group_filter` drops groups and asks for more prompts at the start of the step (None: keep all)."""
-
-    estimator: AdvantageEstimator
-    policy_loss: PolicyLoss
-    shaping: OverlongPenalty | None = None
-    group_filter: DropUniformGroups | None = None
+def register_algorithm(name: str, record: AlgorithmRecord) -> None:
+    """Make `algorithm.name=<name>` mean `record`; a name is registered once."""
+    if name in _RECORDS and _RECORDS[name] is not record:
+        raise ValueError(f"algorithm {name!r} is registered already")
+    _RECORDS[name] = record
 
 
-def _token_clip(cfg: ExperimentConfig) -> TokenClip:
-    alg = cfg.algorithm
-    return TokenClip(alg.cliprange, alg.clip_high, alg.clip_ratio_c)
+def registered_algorithms() -> tuple[str, ...]:
+    return tuple(sorted(_RECORDS))
 
 
-def _group(cfg: ExperimentConfig) -> int:
-    return cfg.rollout.n_samples_per_prompt
+def algorithm_record(name: str) -> AlgorithmRecord:
+    """The record `name` names; UserError listing the registered names otherwise."""
+    if name not in _RECORDS:
+        raise UserError(f"algorithm.name: {name!r} is unknown; use one of {', '.join(registered_algorithms())}")
+    return _RECORDS[name]
 
 
-def _ppo(cfg: ExperimentConfig) -> Algorithm:
-    alg = cfg.algorithm
-    return Algorithm(GAE(gamma=alg.gamma, lam=alg.lam, whiten=alg.whiten_advantages), _token_clip(cfg))
-
-
-def _grpo(cfg: ExperimentConfig) -> Algorithm:
-    return Algorithm(GroupNormalized(_group(cfg)), _token_clip(cfg))
-
-
-def _dr_grpo(cfg: ExperimentConfig) -> Algorithm:
-    # Centred within the group but not divided by its std (Liu et al., 2025, "Understanding R1-Zero-like
-    # training"); the length normalisation goes through loss_agg_mode (refused at load time if kept).
-    return Algorithm(GroupNormalized(_group(cfg), scale_by_std=False), _token_clip(cfg))
-
-
-def _rloo(cfg: ExperimentConfig) -> Algorithm:
-    return Algorithm(LeaveOneOut(_group(cfg)), _token_clip(cfg))
-
-
-def _reinforce_pp(cfg: ExperimentConfig) -> Algorithm:
-    return Algorithm(ReinforcePP(gamma=cfg.algorithm.gamma), _token_clip(cfg))
-
-
-def _reinforce_pp_baseline(cfg: ExperimentConfig) -> Algorithm:
-    return Algorithm(ReinforcePPBaseline(_group(cfg)), _token_clip(cfg))
-
-
-def _gspo(cfg: ExperimentConfig) -> Algorithm:
-    alg = cfg.algorithm
-    clip_high = alg.cliprange if alg.clip_high is None else alg.clip_high
-    return Algorithm(GroupNormalized(_group(cfg)), SequenceClip(alg.cliprange, clip_high))
-
-
-def _dapo(cfg: ExperimentConfig) -> Algorithm:
-    # Clip-higher is algorithm.clip_high and the token-level loss loss_agg_mode=token-mean (conf/algorithm/dapo).
-    alg = cfg.algorithm
-    shaping = OverlongPenalty(cfg.rollout.max_new_tokens, alg.overlong_buffer, alg.overlong_penalty) \
-        if alg.overlong_buffer else None
-    return Algorithm(GroupNormalized(_group(cfg)), _token_clip(cfg), shaping,
-                     DropUniformGroups(_group(cfg), alg.max_extra_draws))
-
-
-ALGORITHM_BUILDERS: dict[str, Callable[[ExperimentConfig], Algorithm]] = {
-    "ppo": _ppo,
-    "grpo": _grpo,
-    "dr_grpo": _dr_grpo,
-    "rloo": _rloo,
-    "reinforce_pp": _reinforce_pp,
-    "reinforce_pp_baseline": _reinforce_pp_baseline,
-    "gspo": _gspo,
-    "dapo": _dapo,
-}
+def check_algorithm(cfg: ExperimentConfig) -> AlgorithmRecord:
+    """Refuse, in one line naming the field, a config the algorithm it names cannot run (before planning)."""
+    alg, name = cfg.algorithm, cfg.algorithm.name
+    record = algorithm_record(name)
+    critic_on = cfg.roles.critic.enabled
+    if record.critic and not critic_on:
+        critic_free = ", ".join(n for n in registered_algorithms() if not _RECORDS[n].critic)
+        raise UserError(f"roles.critic.enabled: {name} needs a critic for GAE; set it to true or choose a "
+                        f"critic-free algorithm ({critic_free})")
+    if critic_on and not record.critic:
+        raise UserError(f"roles.critic.enabled: {name} uses no critic (it would train and never be read); "
+                        "set roles.critic.enabled=false")
+    if record.groups and cfg.rollout.n_samples_per_prompt < 2:
+        raise UserError(
+            f"rollout.n_samples_per_prompt: {name} compares the samples of a prompt, got "
+            f"{cfg.rollout.n_samples_per_prompt}; set it to >= 2"
+        )
+    if alg.loss_agg_mode not in record.loss_agg_modes:
+        raise UserError(f"algorithm.loss_agg_mode: {name} is defined with {' or '.join(record.loss_agg_modes)}, "
+                        f"got {alg.loss_agg_mode!r}; set one of those")
+    if alg.overlong_buffer and not record.shapes_overlong:
+        shapers = [n for n in registered_algorithms() if _RECORDS[n].shapes_overlong]
+        raise UserError(f"algorithm.overlong_buffer: {name} does not shape over-long rewards ({', '.join(shapers)} "
+                        f"does); set it to 0 or algorithm={shapers[0]}")
+    return record
 
 
 def build_algorithm(cfg: ExperimentConfig) -> Algorithm:
-    """The algorithm `cfg.algorithm.name` names, from the loaded (checked) config."""
-    name = cfg.algorithm.name
-    if name not in ALGORITHM_BUILDERS:
-        raise UserError(f"algorithm.name: unknown {name!r}; choose one of {sorted(ALGORITHM_BUILDERS)}")
-    return ALGORITHM_BUILDERS[name](cfg)
+    """The pieces of the algorithm `cfg.algorithm.name` names, after `check_algorithm`."""
+    return check_algorithm(cfg).build(cfg)
+
+
+for _module in pkgutil.iter_modules(builtin.__path__):
+    register_algorithm(_module.name, importlib.import_module(f"{builtin.__name__}.{_module.name}").ALGORITHM)

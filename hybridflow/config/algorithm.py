@@ -1,4 +1,5 @@
-"""RL algorithm hyper-parameters, and what each `algorithm.name` needs from the rest of the run."""
+"""RL algorithm hyper-parameters. What each `algorithm.name` is and needs from the rest of the run is its
+record's (hybridflow/algorithms/registry.py), checked before planning."""
 
 from __future__ import annotations
 
@@ -12,37 +13,10 @@ KL_ESTIMATOR_NAMES = ("k1", "k2", "k3")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 
 
-@dataclass(frozen=True)
-class AlgorithmNeeds:
-    """What an algorithm needs from the run, checked when the config loads (plan time)."""
-
-    critic: bool  # GAE over a critic's values; the critic-free ones refuse an enabled critic (it would idle)
-    groups: bool  # compares the n samples of a prompt: rollout.n_samples_per_prompt >= 2
-    loss_agg_modes: tuple[str, ...] = LOSS_AGG_MODES  # the aggregations the algorithm is defined with
-    shapes_overlong: bool = False  # reads algorithm.overlong_buffer
-
-
-# The one statement of what each algorithm needs (the critic included); hybridflow.algorithms.registry builds
-# exactly these names, with a value-reading estimator (GAE) exactly where `critic` is true (a test checks both).
-ALGORITHM_NEEDS = {
-    "ppo": AlgorithmNeeds(critic=True, groups=False),
-    "grpo": AlgorithmNeeds(critic=False, groups=True),
-    "rloo": AlgorithmNeeds(critic=False, groups=True),
-    "reinforce_pp": AlgorithmNeeds(critic=False, groups=False),
-    "reinforce_pp_baseline": AlgorithmNeeds(critic=False, groups=True),
-    # Dr. GRPO removes the per-response length normalisation: not seq-mean-token-mean.
-    "dr_grpo": AlgorithmNeeds(critic=False, groups=True, loss_agg_modes=("seq-mean-token-sum", "token-mean")),
-    # GSPO's loss is per sequence: its token copies are averaged within the sequence, then over sequences.
-    "gspo": AlgorithmNeeds(critic=False, groups=True, loss_agg_modes=("seq-mean-token-mean",)),
-    # DAPO's token-level loss: every token of the mini-batch weighs the same.
-    "dapo": AlgorithmNeeds(critic=False, groups=True, loss_agg_modes=("token-mean",), shapes_overlong=True),
-}
-ALGORITHMS = tuple(ALGORITHM_NEEDS)
-
 
 @dataclass
 class AlgorithmConfig:
-    name: str = bounded("ppo", choices=ALGORITHMS)
+    name: str = "ppo"  # a registered algorithm (hybridflow/algorithms/builtin/<name>.py), checked before planning
     gamma: float = bounded(1.0, ge=0, le=1)
     lam: float = bounded(0.95, ge=0, le=1)
     cliprange: float = bounded(0.2, gt=0, le=1)

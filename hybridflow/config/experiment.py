@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hybridflow.config.algorithm import ALGORITHM_NEEDS, AlgorithmConfig
+from hybridflow.config.algorithm import AlgorithmConfig
 from hybridflow.config.bounds import check_bounds
 from hybridflow.config.cluster import ClusterConfig, resolve_cluster
 from hybridflow.config.data import DataConfig, RewardConfig
@@ -61,7 +61,7 @@ def finalize_experiment(cfg: ExperimentConfig) -> ExperimentConfig:
     if not cfg.roles.actor.enabled:  # the rollout has no switch: every experiment has one
         raise UserError("roles.actor.enabled: every experiment needs the actor; set it to true")
 
-    _check_algorithm_roles(cfg)
+    _check_overlong_and_reward(cfg)
     _check_lengths(cfg)
     _check_lr_schedule(cfg)
     return cfg
@@ -111,27 +111,10 @@ def _inherit_ref_parallel(cfg: ExperimentConfig) -> None:
                 raise UserError(f"roles.{role}.parallel.{name}: is null; set it (tp/pp >= 1)")
 
 
-def _check_algorithm_roles(cfg: ExperimentConfig) -> None:
-    alg, name = cfg.algorithm, cfg.algorithm.name
-    needs = ALGORITHM_NEEDS[name]
-    critic_on = cfg.roles.critic.enabled
-    if needs.critic and not critic_on:
-        raise UserError(f"roles.critic.enabled: {name} needs a critic for GAE; set it to true or choose a "
-                        f"critic-free algorithm ({', '.join(n for n, a in ALGORITHM_NEEDS.items() if not a.critic)})")
-    if critic_on and not needs.critic:
-        raise UserError(f"roles.critic.enabled: {name} uses no critic (it would train and never be read); "
-                        "set roles.critic.enabled=false")
-    if needs.groups and cfg.rollout.n_samples_per_prompt < 2:
-        raise UserError(
-            f"rollout.n_samples_per_prompt: {name} compares the samples of a prompt, got "
-            f"{cfg.rollout.n_samples_per_prompt}; set it to >= 2"
-        )
-    if alg.loss_agg_mode not in needs.loss_agg_modes:
-        raise UserError(f"algorithm.loss_agg_mode: {name} is defined with {' or '.join(needs.loss_agg_modes)}, "
-                        f"got {alg.loss_agg_mode!r}; set one of those")
-    if alg.overlong_buffer and not needs.shapes_overlong:
-        raise UserError(f"algorithm.overlong_buffer: {name} does not shape over-long rewards (dapo does); "
-                        "set it to 0 or algorithm=dapo")
+def _check_overlong_and_reward(cfg: ExperimentConfig) -> None:
+    # What the named algorithm needs (a critic, groups, loss_agg modes) its record checks before planning
+    # (hybridflow.algorithms.registry.check_algorithm); config imports no algorithm.
+    alg = cfg.algorithm
     if alg.overlong_buffer > cfg.rollout.max_new_tokens:
         raise UserError(f"algorithm.overlong_buffer: {alg.overlong_buffer} exceeds rollout.max_new_tokens="
                         f"{cfg.rollout.max_new_tokens}; set it to at most that")

@@ -129,6 +129,10 @@ def render_sbatch(layout: SbatchLayout, slurm: SlurmConfig, *, job_name: str, co
     # Setup first: it may load modules, activate an environment or export PYTHON / HYBRIDFLOW_LOG_DIR.
     lines += [*slurm.setup, f'PYTHON="${{PYTHON:-{python}}}"',
               'LOG_DIR="${HYBRIDFLOW_LOG_DIR:-runs/slurm-$SLURM_JOB_ID}"', ""]
+    if command.split()[:2] == ["-m", "hybridflow.run"]:
+        lines += ["# Plan once, here: every rank loads <trainer.output_dir>/plan.json (shared by all nodes) instead",
+                  "# of planning again, and refuses a missing one or one written for other overrides.",
+                  f'"$PYTHON" -u {command} --plan-only "$@"', ""]
     lines += _launch_lines(slurm, layout, command)
     return "\n".join(lines) + "\n"
 

@@ -85,3 +85,8 @@ class RoleMesh:
             "dp_groups": [list(g) for g in self.dp_groups()],
             "pp_groups": [list(g) for g in self.pp_groups()],
         }
+
+    @classmethod
+    def from_json(cls, role: str, data: dict) -> RoleMesh:
+        """The mesh `to_json` wrote (its groups are derived from ranks and sizes, so they are not read)."""
+        return cls(role, tuple(data["ranks"]), data["tp"], data["pp"], data["dp"])

@@ -20,6 +20,7 @@ from hybridflow.placement.checks import (
     check_tp_groups_local,
 )
 from hybridflow.placement.cluster import GPU, cluster_gpus
+from hybridflow.placement.generation import generation_mesh
 from hybridflow.placement.host_memory import HostMemoryEstimate, node_host_memory
 from hybridflow.placement.memory import GIB, MemoryEstimate, estimate_role_memory, rollout_shares_actor_weights
 from hybridflow.placement.mesh import Dims, ParallelDims, RoleMesh
@@ -29,7 +30,6 @@ from hybridflow.placement.offload import (
     roles_to_pick,
     with_offload_fraction,
 )
-from hybridflow.placement.reshard_plan import generation_mesh
 from hybridflow.placement.resources import parse_gpu_list
 
 
@@ -89,6 +89,34 @@ class Plan:
                 for r, m in self.memory.items()
             },
         }
+
+    @classmethod
+    def from_json(cls, data: dict) -> Plan:
+        """The plan `to_json` wrote, equal to the one that wrote it (what the ranks load from plan.json)."""
+        role_memory = {int(r): {role: _estimate(MemoryEstimate, m) for role, m in parts["roles"].items()}
+                       for r, parts in data["memory"].items()}
+        return cls(
+            world_size=data["world_size"],
+            nodes=data["nodes"],
+            gpus_per_node=data["gpus_per_node"],
+            gpus=tuple(GPU(g["rank"], g["node"], g["local_index"]) for g in data["gpus"]),
+            meshes={role: RoleMesh.from_json(role, m) for role, m in data["meshes"].items()},
+            rank_roles={int(r): tuple(roles) for r, roles in data["rank_roles"].items()},
+            colocation_sets=[tuple(s) for s in data["colocation_sets"]],
+            memory={int(r): _estimate(MemoryEstimate, parts["total"]) for r, parts in data["memory"].items()},
+            role_memory=role_memory,
+            capacity_bytes=data["capacity_bytes"],
+            headroom_bytes=data["headroom_bytes"],
+            host_memory={int(n): _estimate(HostMemoryEstimate, m) for n, m in data["host_memory"].items()},
+            host_capacity_bytes=data["host_capacity_bytes"],
+            offload_fractions=dict(data["offload_fractions"]),
+            rollout_engine=data["rollout_engine"],
+        )
+
+
+def _estimate[E: (MemoryEstimate, HostMemoryEstimate)](kind: type[E], parts: dict[str, int]) -> E:
+    """An estimate from its JSON parts (`total` is derived, not a field)."""
+    return kind(**{name: value for name, value in parts.items() if name != "total"})
 
 
 def resolve_resources(cfg: ExperimentConfig) -> dict[str, tuple[int, ...]]:
@@ -156,7 +184,7 @@ def build_plan(
         check_batch_sizes(cfg, role, d)
         mesh = RoleMesh(role=role, ranks=role_rank_list, tp=d.tp, pp=d.pp, dp=d.dp)
         if role == Role.ROLLOUT and Role.ACTOR in meshes:  # ROLES order: the actor's mesh exists by now
-            _, mesh = generation_mesh(meshes["actor"], mesh)  # the order the run builds its TP groups in
+            mesh = generation_mesh(meshes["actor"], mesh)  # the order the run builds its TP groups in
         check_tp_groups_local(mesh, gpus, cfg)
         meshes[role] = mesh
     rank_roles = {g.rank: tuple(r for r in meshes if g.rank in meshes[r].ranks) for g in gpus}

@@ -19,7 +19,6 @@ from hybridflow.data import PromptDataset, load_prompt_dataset, load_tokenizer
 from hybridflow.data.vocabulary import stop_token_ids
 from hybridflow.errors import UserError
 from hybridflow.placement import Plan
-from hybridflow.placement.reshard_plan import generation_mesh
 from hybridflow.roles.groups import build_groups, build_training_group
 from hybridflow.roles.model_role import (
     ModelRole,
@@ -33,6 +32,7 @@ from hybridflow.rollout.base import EngineSetup, SamplingParams
 from hybridflow.trainer.model_files import ensure_model_files, role_model_dirs
 from hybridflow.trainer.rewarding import build_scorer
 from hybridflow.trainer.rl_trainer import TRIM_MULTIPLE, RLTrainer
+from megatron_adapters.bridge import build_reshard_plan
 from megatron_adapters.cpu_backend import compute_device
 
 
@@ -75,10 +75,10 @@ def build_run(cfg: ExperimentConfig, plan: Plan, work_dir: Path) -> BuiltRun:
     # Critic and reward model load their own checkpoints (own shape, same vocabulary: checked in config).
     model_dirs = role_model_dirs(cfg, work_dir, hf_dir)
     tokenizer = load_tokenizer(tok_dir)
-    # The plan holds the rollout in the bridge's generation order already; the reshard plan is recomputed
-    # from the same two meshes (idempotent), then every role's groups are built, collectively.
-    reshard_plan, _ = generation_mesh(plan.meshes["actor"], plan.meshes["rollout"])
+    # The plan holds the rollout in generation order; the bridge's reshard plan (who sends which shards to
+    # whom) comes from its two meshes. Then every role's groups are built, collectively.
     meshes = plan.meshes
+    reshard_plan = build_reshard_plan(meshes["actor"], meshes["rollout"])
     groups = build_groups(meshes)
     training = build_training_group(meshes)
 

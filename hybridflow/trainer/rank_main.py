@@ -10,8 +10,8 @@ import transformers
 from hybridflow.config import load_experiment
 from hybridflow.launch import init_distributed
 from hybridflow.noise import quiet_known_noise
-from hybridflow.placement import plan_placement
 from hybridflow.trainer.loop import train
+from hybridflow.trainer.plan_file import read_plan
 from megatron_adapters.cpu_backend import enable_cpu_backend
 
 
@@ -24,7 +24,7 @@ def rank_main(experiment: str | None, overrides: list[str]) -> dict[str, float]:
     # The run's one progress bar is its RL steps: transformers' bars (writing the built-in task's random
     # checkpoint, the final HF export) would stack up above it.
     transformers.utils.logging.disable_progress_bar()
-    plan = plan_placement(cfg)
+    plan = read_plan(cfg)  # the launcher's plan (plan.json), not planned again here
     init_distributed(cfg.distributed)
     if enable_cpu_backend():
         # CPU ranks share the machine's cores; one thread each avoids oversubscription and keeps

@@ -55,7 +55,6 @@ from hybridflow.algorithms import (
     KLController,
     actor_loss,
     critic_loss,
-    kl_estimator,
     kl_penalized_rewards,
     last_token_scores,
     loss_agg,
@@ -158,7 +157,7 @@ class RLTrainer:
 
     def reads_rollout_logprobs(self, step: int) -> bool:
         """Whether the batch trained on at `step` needs the rollout's log-probs (the gate, truncated IS)."""
-        return bool(self.cfg.algorithm.tis_cap) or self.parity_due(step)
+        return bool(self.algorithm.tis_cap) or self.parity_due(step)
 
     def produce(self, prompts: StepBatch, generating: tuple, timer: StageTimer, stage: str,
                 draw: Callable[[], StepBatch] | None = None) -> StepBatch:
@@ -205,10 +204,10 @@ class RLTrainer:
             kl = self.assign_rewards(batch)
             adv = self.algorithm.estimator(batch.token_rewards, batch.response_mask, batch.values)
             batch.advantages, batch.returns = adv.advantages, adv.returns
-            if self.cfg.algorithm.tis_cap:
+            if self.algorithm.tis_cap:
                 _require_rollout_logprobs(batch, "algorithm.tis_cap")
                 batch.is_weights = truncated_is_weights(batch.old_logprobs, batch.rollout_logprobs,
-                                                        self.cfg.algorithm.tis_cap)
+                                                        self.algorithm.tis_cap)
         with timer("update_critic"):
             if "critic" in self.roles:
                 metrics |= self._update("critic", batch, self._critic_loss, ("values", "returns"))
@@ -220,7 +219,7 @@ class RLTrainer:
 
     @property
     def _kl_loss(self) -> bool:
-        return "ref" in self.meshes and not self.cfg.algorithm.kl_in_reward and self.cfg.algorithm.kl_coef > 0
+        return "ref" in self.meshes and self.algorithm.reward_kl is None and self.cfg.algorithm.kl_coef > 0
 
     # ---- stages ---------------------------------------------------------------------------------
     def _infer(self, role: str, batch: StepBatch, per_token) -> torch.Tensor | None:
@@ -267,10 +266,9 @@ class RLTrainer:
         if batch.ref_logprobs is None:
             batch.token_rewards = last_token_scores(scores, mask)
             return 0.0
-        if self.cfg.algorithm.kl_in_reward:
+        if self.algorithm.reward_kl is not None:
             batch.token_rewards, kl = kl_penalized_rewards(
-                scores, batch.old_logprobs, batch.ref_logprobs, mask, self.kl_ctl.value,
-                kl_estimator(self.cfg.algorithm.kl_estimator))
+                scores, batch.old_logprobs, batch.ref_logprobs, mask, self.kl_ctl.value, self.algorithm.reward_kl)
         else:
             batch.token_rewards = last_token_scores(scores, mask)
             kl = batch.old_logprobs - batch.ref_logprobs
@@ -293,7 +291,7 @@ class RLTrainer:
 
     def _actor_fields(self) -> tuple[str, ...]:
         return ("old_logprobs", "advantages") + (("ref_logprobs",) if self._kl_loss else ()) \
-            + (("is_weights",) if self.cfg.algorithm.tis_cap else ())
+            + (("is_weights",) if self.algorithm.tis_cap else ())
 
     def _actor_loss(self, temperature: float):
         alg, actor = self.cfg.algorithm, self.roles["actor"]

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from hybridflow.placement.reshard_plan import ReshardPlan
+from megatron_adapters.bridge.plan import ReshardPlan
 from megatron_adapters.bridge.schedule import GATHER, OWN, RECV, BucketStep, ReshardSchedule
 from megatron_adapters.bridge.shard_ranges import ShardGeometry, TargetFormat
 from megatron_adapters.bridge.transport import build_transport

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from hybridflow.placement.reshard_plan import GenerationRank, ReshardPlan
+from megatron_adapters.bridge.plan import GenerationRank, ReshardPlan
 from megatron_adapters.bridge.shard_ranges import RowCopy, ShardGeometry, coalesce_strided, plan_copies
 from megatron_adapters.bridge.vllm_layout import BridgeTensor
 from megatron_adapters.hf_weights import Layout

@@ -1,7 +1,8 @@
+import dataclasses
+
 import pytest
 
 from hybridflow.algorithms import (
-    ALGORITHM_BUILDERS,
     GAE,
     DropUniformGroups,
     GroupNormalized,
@@ -11,20 +12,25 @@ from hybridflow.algorithms import (
     ReinforcePPBaseline,
     SequenceClip,
     TokenClip,
+    algorithm_record,
     build_algorithm,
+    kl_k1,
+    register_algorithm,
+    registered_algorithms,
 )
-from hybridflow.config import load_experiment
-from hybridflow.config.algorithm import ALGORITHM_NEEDS, ALGORITHMS
+from hybridflow.algorithms.record import AlgorithmRecord, token_clip, with_reward_side
+from hybridflow.config import conf_dir, load_experiment
 from hybridflow.errors import UserError
 
 
-def test_registry_and_config_name_the_same_algorithms_and_agree_on_the_critic():
-    assert set(ALGORITHM_BUILDERS) == set(ALGORITHMS)
-    for name in ALGORITHMS:
-        experiment = "tiny_cpu" if ALGORITHM_NEEDS[name].critic else "grpo_tiny_cpu"
+def test_every_algorithm_has_a_conf_option_and_its_record_agrees_on_the_critic():
+    assert set(registered_algorithms()) == {p.stem for p in (conf_dir() / "algorithm").glob("*.yaml")}
+    for name in registered_algorithms():
+        critic = algorithm_record(name).critic
+        experiment = "tiny_cpu" if critic else "grpo_tiny_cpu"
         algorithm = build_algorithm(load_experiment(experiment, [f"algorithm={name}"]))
-        # GAE is the one estimator that reads a critic's values; config's `critic` is the only statement of it
-        assert isinstance(algorithm.estimator, GAE) == ALGORITHM_NEEDS[name].critic, name
+        # GAE is the one estimator that reads a critic's values; the record's `critic` is the only statement of it
+        assert isinstance(algorithm.estimator, GAE) == critic, name
 
 
 @pytest.mark.parametrize(("name", "estimator", "policy"), [
@@ -53,6 +59,33 @@ def test_dapo_shaping_and_filter_follow_the_config():
 
 def test_unknown_name_lists_the_choices():
     cfg = load_experiment("grpo_tiny_cpu", [])
-    cfg.algorithm.name = "a2c"  # past the load-time check, as an API caller could
-    with pytest.raises(UserError, match=r"^algorithm\.name: unknown 'a2c'; choose one of \['dapo', "):
+    cfg.algorithm.name = "a2c"
+    with pytest.raises(UserError, match=r"^algorithm\.name: 'a2c' is unknown; use one of dapo, dr_grpo, "):
         build_algorithm(cfg)
+
+
+def test_reward_side_pieces_follow_the_config():
+    ppo = build_algorithm(load_experiment("tiny_cpu", ["algorithm.tis_cap=2.0"]))
+    assert (ppo.reward_kl, ppo.tis_cap) == (kl_k1, 2.0)  # conf/algorithm/ppo: KL in the reward, k1
+    grpo = build_algorithm(load_experiment("grpo_tiny_cpu", []))
+    assert (grpo.reward_kl, grpo.tis_cap) == (None, 0.0)  # conf/algorithm/grpo: KL as a loss term
+
+
+def test_a_registered_record_is_checked_and_built_by_its_name(monkeypatch):
+    import hybridflow.algorithms.registry as registry
+
+    monkeypatch.setattr(registry, "_RECORDS", dict(registry._RECORDS))  # leave the real table as it was
+    built = dataclasses.replace(build_algorithm(load_experiment("grpo_tiny_cpu", [])), group_filter=None)
+
+    def build(cfg):
+        return with_reward_side(cfg, GroupNormalized(2), token_clip(cfg))
+
+    register_algorithm("pairwise", AlgorithmRecord(build, critic=False, groups=True, loss_agg_modes=("token-mean",)))
+    cfg = load_experiment("grpo_tiny_cpu", [])
+    cfg.algorithm.name = "pairwise"
+    assert build_algorithm(cfg) == dataclasses.replace(built, estimator=GroupNormalized(2))
+    cfg.algorithm.loss_agg_mode = "seq-mean-token-sum"
+    with pytest.raises(UserError, match=r"^algorithm\.loss_agg_mode: pairwise is defined with token-mean, "):
+        build_algorithm(cfg)
+    with pytest.raises(ValueError, match="registered already"):
+        register_algorithm("pairwise", AlgorithmRecord(build, critic=True, groups=False))

@@ -110,7 +110,6 @@ def test_group_selection_and_named_submodels():
             ["model.architecture=GPT2LMHeadModel"],
             r"^model\.architecture: .GPT2LMHeadModel. is unknown; use one of LlamaForCausalLM",
         ),
-        (["roles.critic.enabled=false"], r"^roles\.critic\.enabled: ppo needs a critic"),
         (["reward.use_model=true"], r"^roles\.reward\.enabled: is False but reward\.use_model is True"),
         (["data.seq_length=8"], r"^data\.seq_length: 8 < max_prompt_length"),
         (["algorithm.mini_batch_size=3"], r"^algorithm\.mini_batch_size: 3 does not divide the 32 samples"),
@@ -141,13 +140,6 @@ def test_rollout_role_takes_only_its_mesh(override, node, takes):
 def test_unknown_experiment():
     with pytest.raises(UserError, match=r"^experiment: 'nope' is unknown; use one of .*tiny_cpu"):
         load_experiment("nope", [])
-
-
-def test_grpo_rejects_critic_and_single_samples():
-    with pytest.raises(UserError, match=r"^roles\.critic\.enabled: grpo uses no critic"):
-        load_experiment("grpo_tiny_cpu", ["roles.critic.enabled=true"])
-    with pytest.raises(UserError, match=r"^rollout\.n_samples_per_prompt: grpo compares the samples"):
-        load_experiment("grpo_tiny_cpu", ["rollout.n_samples_per_prompt=1", "algorithm.mini_batch_size=4"])
 
 
 def test_model_path_config_json_is_the_truth(tmp_path: Path):

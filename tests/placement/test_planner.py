@@ -37,12 +37,11 @@ def test_split_placement_plan():
 
 
 def test_rollout_tp_groups_are_the_bridge_generation_groups():
-    from hybridflow.placement.reshard_plan import GenerationLayout, TrainingLayout, build_reshard_plan
+    from megatron_adapters.bridge import build_reshard_plan
 
     plan = plan_placement(load_experiment("ppo_llama3_8b", []))
     actor, rollout = plan.meshes["actor"], plan.meshes["rollout"]
-    bridge = build_reshard_plan(TrainingLayout(actor.ranks, actor.tp, actor.pp, actor.dp),
-                                GenerationLayout(rollout.ranks, rollout.tp))
+    bridge = build_reshard_plan(actor, rollout)
     assert rollout.tp_groups() == bridge.generation_tp_groups()
 
 

@@ -139,18 +139,17 @@ def _hosted_vs_in_process(hf_dir: str):
     from hybridflow.config.rollout import RolloutConfig
     from hybridflow.data.step_batch import StepBatch
     from hybridflow.placement import RoleMesh
-    from hybridflow.placement.reshard_plan import GenerationLayout, TrainingLayout, build_reshard_plan
     from hybridflow.roles.rollout_role import RolloutRole, build_rollout_role
     from hybridflow.rollout.base import EngineSetup
     from hybridflow.rollout.engine_host import start_hosted_engine
-    from megatron_adapters.bridge import TargetFormat, WeightBridge
+    from megatron_adapters.bridge import TargetFormat, WeightBridge, build_reshard_plan
     from megatron_adapters.hf_safetensors import load_hf_weights
     from megatron_adapters.model import build_gpt, model_shape
     from megatron_adapters.process_groups import build_role_groups
 
     cpu, fp32 = torch.device("cpu"), torch.float32
     mesh = RoleMesh("rollout", (1, 2), tp=2, pp=1, dp=1)
-    plan = build_reshard_plan(TrainingLayout((1, 2), 2, 1, 1), GenerationLayout((1, 2), 2))
+    plan = build_reshard_plan(RoleMesh("actor", (1, 2), 2, 1, 1), RoleMesh("rollout", (1, 2), 2, 1, 1))
     actor_groups = build_role_groups([1, 2], tp=2, pp=1, dp=1)
     rollout_groups = build_role_groups([1, 2], tp=2, pp=1, dp=1)
     actor = None

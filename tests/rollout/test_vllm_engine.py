@@ -474,9 +474,8 @@ def test_gpu_generation_logprobs_and_sleep_wake(tmp_path, single_rank_world):
     tokens equal HF's; sampled-token log-probs match HF; a sleep/sync/wake cycle keeps them."""
     import transformers
 
-    from hybridflow.placement.reshard_plan import GenerationLayout, TrainingLayout, build_reshard_plan
     from hybridflow.rollout.engine_host import start_hosted_engine
-    from megatron_adapters.bridge import TargetFormat, WeightBridge
+    from megatron_adapters.bridge import TargetFormat, WeightBridge, build_reshard_plan
     from megatron_adapters.hf_weights import ShardSpec, hf_to_mcore_shard
     from megatron_adapters.model import model_shape, padded_vocab_size
     from tests.megatron_adapters.bridge.bridge_fixtures import hf_reader
@@ -484,7 +483,7 @@ def test_gpu_generation_logprobs_and_sleep_wake(tmp_path, single_rank_world):
     recorder = load_recorder()
     hf_state = recorder.write_hf_checkpoint(recorder.TINY_MODELS["llama_gqa"], tmp_path)
     shape, cuda = model_shape(str(tmp_path)), torch.device("cuda", 0)
-    plan = build_reshard_plan(TrainingLayout((0,), 1, 1, 1), GenerationLayout((0,), 1))
+    plan = build_reshard_plan(RoleMesh("actor", (0,), 1, 1, 1), RoleMesh("rollout", (0,), 1, 1, 1))
     bridge = WeightBridge(plan, shape, TargetFormat.VLLM, dtype=torch.float32, bucket_bytes=64 << 10, device=cuda,
                           staged=True)
     spec = ShardSpec(1, 0, padded_vocab_size(shape.vocab_size, 1))

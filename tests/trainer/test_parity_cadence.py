@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from hybridflow.algorithms import build_algorithm
 from hybridflow.config import load_experiment
 from hybridflow.data.step_batch import StepBatch
 from hybridflow.roles.rollout_role import LocalSamples
@@ -21,8 +22,8 @@ from hybridflow.trainer.rl_trainer import ParityError, RLTrainer
 def trainer(*overrides: str, lag: int = 0, **fields) -> RLTrainer:
     cfg = load_experiment("tiny_cpu", list(overrides))
     cfg.trainer.rollout_lag = lag  # the placement rule for lag 1 is the planner's business, not this test's
-    none = dict.fromkeys(("roles", "meshes", "rollout", "scorer", "kl_ctl", "algorithm", "device", "training"))
-    return RLTrainer(cfg=cfg, **(none | fields))
+    none = dict.fromkeys(("roles", "meshes", "rollout", "scorer", "kl_ctl", "device", "training"))
+    return RLTrainer(cfg=cfg, **(none | {"algorithm": build_algorithm(cfg)} | fields))
 
 
 def test_parity_every_defaults_to_the_engines_own():
@@ -113,7 +114,8 @@ def prompts() -> StepBatch:
 def test_step_asks_the_rollout_for_logprobs_for_the_batch_of_a_gate_step(one_rank, lag, want):
     rollout = FakeRollout()
     t = trainer("trainer.parity_every=3", lag=lag, roles={}, rollout=rollout, scorer=FakeScorer(),
-                algorithm=type("Alg", (), {"group_filter": None})(), training=type("Out", (), {"member": False})())
+                algorithm=type("Alg", (), {"group_filter": None, "tis_cap": 0.0})(),
+                training=type("Out", (), {"member": False})())
     if lag:
         t.prime(prompts())
     for _ in range(5):

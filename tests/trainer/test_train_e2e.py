@@ -71,16 +71,19 @@ AUTO = ("placement=auto", "data.train_batch_size=8", "algorithm.mini_batch_size=
 
 def test_auto_placement_runs_its_plan(tmp_path):
     from hybridflow.config import load_experiment
-    from hybridflow.placement import plan_placement
+    from hybridflow.placement import Plan, plan_placement
 
-    plan = plan_placement(load_experiment("tiny_cpu", list(AUTO)))
+    overrides = (*AUTO, "trainer.total_steps=2", "trainer.save_every=2")
+    plan = plan_placement(load_experiment("tiny_cpu", list(overrides)))
     trained = set(plan.meshes["actor"].ranks) | set(plan.meshes["critic"].ranks)
     # The layout this covers: a rank in no trained role, which must still join the world-wide gathers of
     # every optimizer built elsewhere (it hung before the rank joined all of them).
     assert set(range(plan.world_size)) - trained, plan.meshes
     # It checkpoints too, though the critic is off rank 0 and a rank holds no trained role (loading such a
     # layout: tests/megatron_adapters/test_checkpoint.py).
-    run(tmp_path, "+experiment=tiny_cpu", *AUTO, "trainer.total_steps=2", "trainer.save_every=2")
+    run(tmp_path, "+experiment=tiny_cpu", *overrides)
+    # The ranks started from the plan the launcher wrote (tests/trainer/test_plan_file.py: they load it).
+    assert Plan.from_json(json.loads((tmp_path / "plan.json").read_text())) == plan
     records = rl_records(tmp_path)
     assert [r["step"] for r in records] == [1, 2]
     assert all("critic/vf_loss" in r and "actor/pg_loss" in r for r in records)

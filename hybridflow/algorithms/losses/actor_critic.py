@@ -15,10 +15,10 @@ from typing import NamedTuple
 import torch
 
 from hybridflow.algorithms.kl.estimators import kl_estimator, kl_k3
-from hybridflow.algorithms.losses.gspo_clip import SequenceClip
 from hybridflow.algorithms.losses.ppo_clip import TokenClip
 from hybridflow.algorithms.losses.value_clip import clipped_value_loss
 from hybridflow.algorithms.masked import masked_sum
+from hybridflow.algorithms.protocols import PolicyLoss
 
 
 class LossOutput(NamedTuple):
@@ -34,7 +34,7 @@ class ActorLossConfig:
     """Actor loss: a clipped surrogate (per token, or per sequence for GSPO) - entropy bonus + optional
     KL-to-reference loss term."""
 
-    policy: TokenClip | SequenceClip = field(default_factory=TokenClip)
+    policy: PolicyLoss = field(default_factory=TokenClip)
     entropy_coef: float = 0.0
     kl_loss_coef: float = 0.0  # > 0: KL to the reference as a loss term (GRPO style) instead of in the reward
     kl_loss_estimator: str = "k3"

@@ -75,7 +75,7 @@ def split_sync_time(weight_bytes: float, tp: int, pp: int, dp: int, gen_tp: int,
                     same_node: bool, device: DeviceSpec, eff: Efficiency) -> float:
     """Time of the weight sync into a rollout on GPUs the actor does not hold (rollout_lag=1).
 
-    The split reshard plan (placement/reshard_plan.py) feeds generation replica j from training replica
+    The split reshard plan (megatron_adapters/bridge/plan.py) feeds generation replica j from training replica
     j % dp point to point: each rollout GPU receives its whole generation shard M / gen_tp, and each actor
     GPU sends its training shard M / (tp * pp) once per generation replica it feeds. The busier side sets
     the time, over NVLink when both sets lie in one node, else over the network.

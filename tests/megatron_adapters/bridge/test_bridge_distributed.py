@@ -18,10 +18,9 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
 
+from hybridflow.placement import RoleMesh
 from megatron_adapters.bridge import (
-    GenerationLayout,
     TargetFormat,
-    TrainingLayout,
     WeightBridge,
     build_reshard_plan,
     hf_from_shards,
@@ -65,10 +64,10 @@ def _cases():
 def _layouts(tp, pp, tg, placement):
     if placement == "colocated":
         ranks = tuple(range(WORLD))
-        return TrainingLayout(ranks, tp, pp, WORLD // (tp * pp)), GenerationLayout(ranks, tg)
+        return RoleMesh("actor", ranks, tp, pp, WORLD // (tp * pp)), RoleMesh("rollout", ranks, tg, 1, WORLD // tg)
     train = tuple(range(tp * pp))
     gen = tuple(range(tp * pp, WORLD))
-    return TrainingLayout(train, tp, pp, 1), GenerationLayout(gen, tg)
+    return RoleMesh("actor", train, tp, pp, 1), RoleMesh("rollout", gen, tg, 1, len(gen) // tg)
 
 
 def _shards_from_hf(bridge, cfg, state, rank):

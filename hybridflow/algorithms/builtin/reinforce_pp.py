@@ -1,0 +1,12 @@
+"""REINFORCE++ (Hu et al., 2025): discounted returns whitened over the batch; one sample per prompt is enough."""
+
+from hybridflow.algorithms.advantages.reinforce_pp import ReinforcePP
+from hybridflow.algorithms.record import Algorithm, AlgorithmRecord, token_clip, with_reward_side
+from hybridflow.config import ExperimentConfig
+
+
+def build(cfg: ExperimentConfig) -> Algorithm:
+    return with_reward_side(cfg, ReinforcePP(gamma=cfg.algorithm.gamma), token_clip(cfg))
+
+
+ALGORITHM = AlgorithmRecord(build, critic=False, groups=False)

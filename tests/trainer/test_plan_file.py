@@ -1,0 +1,104 @@
+"""plan.json: the launcher's plan survives JSON exactly, ranks load it instead of planning, and a rank started
+by a launcher refuses a missing or stale file with one line."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from hybridflow.config import load_experiment
+from hybridflow.errors import UserError
+from hybridflow.placement import Plan, plan_placement
+from hybridflow.trainer.plan_file import plan_path, read_plan, write_plan
+
+SPLIT = ["placement.resources.actor=[0,1]", "placement.resources.rollout=[0,1]", "placement.resources.ref=[0,1]",
+         "placement.resources.critic=[2,3]", "roles.critic.parallel.tp=2"]
+
+
+@pytest.mark.parametrize("experiment, overrides", [
+    ("tiny_cpu", []),
+    ("tiny_cpu", SPLIT),
+    ("tiny_cpu", ["placement=auto"]),
+    ("ppo_llama3_70b_2node", []),  # two nodes, host memory, offloaded optimizer shares
+])
+def test_plan_round_trips_through_json_exactly(experiment, overrides):
+    plan = plan_placement(load_experiment(experiment, overrides))
+    again = Plan.from_json(json.loads(json.dumps(plan.to_json())))
+    assert again == plan
+    assert again.to_json() == plan.to_json()
+
+
+def _cfg(tmp_path, *overrides):
+    return load_experiment("tiny_cpu", [f"trainer.output_dir={tmp_path}", *overrides])
+
+
+def test_read_plan_gives_back_what_was_written(tmp_path):
+    cfg = _cfg(tmp_path)
+    plan = plan_placement(cfg)
+    assert write_plan(cfg, plan) == tmp_path / "plan.json"
+    assert read_plan(cfg) == plan
+
+
+def test_missing_plan_is_one_error_naming_the_fix(tmp_path):
+    with pytest.raises(UserError, match=r"^trainer.output_dir: no plan.json in .*; .*--plan-only"):
+        read_plan(_cfg(tmp_path))
+
+
+def test_plan_for_other_overrides_is_refused(tmp_path):
+    cfg = _cfg(tmp_path)
+    write_plan(cfg, plan_placement(cfg))
+    with pytest.raises(UserError, match=r"planned for another config.*--plan-only"):
+        read_plan(_cfg(tmp_path, "trainer.seed=7"))
+
+
+def test_rank_builds_from_the_loaded_plan_and_never_plans(tmp_path, monkeypatch):
+    """A plan.json that differs from what planning gives is the plan a rank trains with."""
+    import hybridflow.trainer.rank_main as rank_main_module
+    from hybridflow.placement import dispatch, planner
+
+    cfg = _cfg(tmp_path)
+    planned = plan_placement(cfg)
+    doctored = dataclasses.replace(planned, capacity_bytes=planned.capacity_bytes + 1,
+                                   offload_fractions={"actor": 0.25})
+    write_plan(cfg, doctored)
+
+    def no_planning(*args, **kwargs):
+        raise AssertionError("a rank planned again")
+
+    monkeypatch.setattr(dispatch, "plan_placement", no_planning)
+    monkeypatch.setattr(planner, "build_plan", no_planning)
+    monkeypatch.setattr(rank_main_module, "init_distributed", lambda distributed: None)
+    monkeypatch.setattr(rank_main_module, "enable_cpu_backend", lambda: False)
+    seen = {}
+    monkeypatch.setattr(rank_main_module, "train", lambda c, plan: seen.setdefault("plan", plan) and {})
+    rank_main_module.rank_main("tiny_cpu", [f"trainer.output_dir={tmp_path}"])
+    assert seen["plan"] == doctored != planned
+
+
+def test_rank_under_a_launcher_without_plan_file_exits_2_with_one_line(tmp_path, monkeypatch, capsys):
+    from hybridflow.run import main
+
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["+experiment=tiny_cpu", f"trainer.output_dir={tmp_path}"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: trainer.output_dir: no plan.json"), err
+
+
+def test_plan_only_writes_the_plan_a_launched_rank_accepts(tmp_path, monkeypatch, capsys):
+    from hybridflow.run import main
+
+    main(["+experiment=tiny_cpu", f"trainer.output_dir={tmp_path}", "--plan-only"])
+    assert f"wrote {plan_path(_cfg(tmp_path))}" in capsys.readouterr().out
+    assert read_plan(_cfg(tmp_path)) == plan_placement(_cfg(tmp_path))
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    with pytest.raises(SystemExit) as exit_info:  # the srun step got other overrides than the plan step
+        main(["+experiment=tiny_cpu", f"trainer.output_dir={tmp_path}", "trainer.seed=7"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "planned for another config" in err[0], err
