@@ -31,8 +31,7 @@ from hybridflow.config import load_experiment
 from hybridflow.placement import plan_placement
 from hybridflow.placement.auto.cost_model import role_stage_times
 from hybridflow.placement.auto.device import DeviceSpec, efficiency_for
-from hybridflow.placement.auto.from_config import memory_from_config
-from hybridflow.placement.auto.predict import workload_at_lengths
+from hybridflow.placement.auto.from_config import memory_from_config, workload_at_lengths
 from hybridflow.placement.auto.strategy import Strategy
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -10,7 +10,7 @@ from benchmarks.flops import actor_update_flops, mfu
 from hybridflow.config import ExperimentConfig
 from hybridflow.config.cluster import resolve_cluster
 from hybridflow.placement import Plan
-from hybridflow.placement.auto.predict import plan_candidate, workload_at_lengths
+from hybridflow.placement.auto.from_config import plan_candidate, workload_at_lengths
 from hybridflow.placement.auto.search import Candidate
 from hybridflow.placement.auto.workload import GENERATION, PREPARATION, TRAINING
 
@@ -48,7 +48,7 @@ def _figures(cfg: ExperimentConfig, cand: Candidate, world: int, seq_length: int
 
 def predict_plan(cfg: ExperimentConfig, plan: Plan, lengths: tuple[float, float] | None = None) -> dict:
     """Cost-model figures of `plan`'s exact layouts, composed as the search composes its own candidates
-    (`hybridflow.placement.auto.predict.plan_candidate`).
+    (`hybridflow.placement.auto.from_config.plan_candidate`).
 
     `lengths` = (prompt, response) tokens per sample, e.g. a run's measured means; default: the config's
     longest prompt and full response length."""

@@ -20,7 +20,7 @@ from hybridflow.errors import cli_errors
 from hybridflow.placement import plan_placement
 from hybridflow.placement.auto import search_placement
 from hybridflow.placement.auto.explain import overlap_text
-from hybridflow.placement.auto.predict import plan_candidate
+from hybridflow.placement.auto.from_config import plan_candidate
 from hybridflow.placement.engine_choice import choose_engine
 from hybridflow.placement.report import format_plan
 

@@ -14,7 +14,7 @@ from hybridflow.config.experiment import ExperimentConfig
 from hybridflow.engines import engine_names, with_engine
 from hybridflow.errors import UserError
 from hybridflow.placement.auto import Explanation, search_placement
-from hybridflow.placement.auto.predict import plan_candidate
+from hybridflow.placement.auto.from_config import plan_candidate
 from hybridflow.placement.planner import Plan, build_plan, resolve_resources
 
 

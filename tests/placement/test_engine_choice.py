@@ -12,7 +12,7 @@ from hybridflow.config import load_experiment
 from hybridflow.engines import engine_names, get_engine, with_engine
 from hybridflow.errors import UserError
 from hybridflow.placement import plan_placement
-from hybridflow.placement.auto.predict import plan_candidate
+from hybridflow.placement.auto.from_config import plan_candidate
 from hybridflow.placement.engine_choice import choose_engine
 
 REPO = Path(__file__).resolve().parents[2]

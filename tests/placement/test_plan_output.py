@@ -11,8 +11,7 @@ import pytest
 
 from hybridflow import plan as plan_cli
 from hybridflow.config import load_experiment
-from hybridflow.placement.auto.from_config import search_config, search_placement
-from hybridflow.placement.auto.predict import plan_candidate
+from hybridflow.placement.auto.from_config import plan_candidate, search_config, search_placement
 
 AUTO = ("+experiment=ppo_llama3_8b_4gpu", "placement=auto")
 

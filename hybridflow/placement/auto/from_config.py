@@ -1,19 +1,28 @@
 """The auto planner on an `ExperimentConfig`: workload and memory estimator from the config, plan via
-`build_plan` so an auto plan passes exactly the checks an explicit one does."""
+`build_plan` so an auto plan passes exactly the checks an explicit one does; and any plan priced as the search
+prices its own candidates (`plan_candidate`, also for an explicit `placement.resources`).
+
+Pricing uses the same workload, device figures, memory estimator and per-role stage times as the search, and the
+same composition (`search.compose`): roles sharing GPUs run one after another (their times add), disjoint sets
+run concurrently (a stage lasts as long as its slowest set), and at trainer.rollout_lag=1 (native engine)
+generation on the rollout's own GPUs overlaps the rest. At lag 0 the rollout is costed on the actor's GPUs
+at its own TP, as the search models it."""
 
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 from hybridflow.config.experiment import ExperimentConfig
 from hybridflow.config.model import ModelConfig
 from hybridflow.config.parallel import TRAINED_ROLES, VALUE_HEAD_ROLES
 from hybridflow.engines import engine_of
 from hybridflow.errors import UserError
+from hybridflow.placement.auto.cost_model import role_stage_breakdown
 from hybridflow.placement.auto.device import DeviceSpec, Efficiency, efficiency_for
 from hybridflow.placement.auto.explain import Explanation, explain
-from hybridflow.placement.auto.search import Candidate, SearchResult, search
-from hybridflow.placement.auto.set_solver import MemoryFn
+from hybridflow.placement.auto.search import Candidate, SearchResult, compose, search
+from hybridflow.placement.auto.set_solver import MemoryFn, RoleChoice, SetSolution
 from hybridflow.placement.auto.strategy import Strategy
 from hybridflow.placement.auto.workload import (
     GENERATION,
@@ -122,8 +131,6 @@ def search_config(cfg: ExperimentConfig, eff: Efficiency | None = None) -> Searc
     # An unset offload_fraction is searched at 1.0 (offloaded_share: the memory the search may count on), but
     # build_plan then picks one plan-wide share from the chosen layouts' memory (0.95 for ppo_llama3_8b_4gpu):
     # the chosen candidate is priced at the share its plan runs, as plan_candidate prices any plan.
-    from hybridflow.placement.auto.predict import plan_candidate  # predict builds on this module
-
     chosen = plan_candidate(cfg, plan_from_candidate(cfg, result.chosen), eff=eff)
     for p in result.partitions:
         if p.best is result.chosen:
@@ -176,3 +183,50 @@ def config_with_plan(cfg: ExperimentConfig, plan: Plan) -> ExperimentConfig:
 def plan_auto(cfg: ExperimentConfig) -> Plan:
     """What `plan_placement` calls for `placement.mode=auto`."""
     return search_placement(cfg)[0]
+
+
+def workload_at_lengths(cfg: ExperimentConfig, lengths: tuple[float, float] | None = None) -> Workload:
+    """The config's workload, at (prompt, response) tokens per sample when given (rounded, at least 1)."""
+    workload = workload_from_config(cfg)
+    if lengths is None:
+        return workload
+    prompt, response = (max(1, round(n)) for n in lengths)
+    return replace(workload, prompt_length=prompt, response_length=response)
+
+
+def plan_candidate(cfg: ExperimentConfig, plan: Plan, lengths: tuple[float, float] | None = None,
+                   eff: Efficiency | None = None) -> Candidate:
+    """`plan` priced as the search prices its own candidates; `candidate.total` is the predicted step.
+
+    `lengths` = (prompt, response) tokens per sample, e.g. a run's measured means; default: the config's
+    longest prompt and full response length. `eff`: the cost-model factors (default: those measured on
+    `cfg.cluster.gpu_type`, as the search uses).
+    """
+    workload = workload_at_lengths(cfg, lengths)
+    # the optimizer shares the plan offloads (an unset roles.<role>.offload_fraction is the plan's pick)
+    workload = replace(workload, roles=tuple(
+        replace(r, offload_fraction=plan.offload_fractions.get(r.name, 0.0)) if r.trains else r
+        for r in workload.roles))
+    device = DeviceSpec.from_cluster(cfg.cluster)
+    eff = eff or efficiency_for(cfg.cluster.gpu_type)
+    memory = memory_from_config(cfg)
+    rollout = plan.meshes.get("rollout")
+    sets, ranks = [], []
+    for roles in plan.colocation_sets:
+        choices = []
+        for name in roles:
+            if name not in workload.role_names:
+                continue  # a rollout riding on the actor: costed with it (its generation stage)
+            mesh, role = plan.meshes[name], workload.role(name)
+            s = Strategy(mesh.tp, mesh.pp, mesh.dp, rollout.tp if role.generates and rollout else 0)
+            estimate = memory(name, s)  # None: a layout the search would skip; no figures then
+            bytes_, kv = estimate if estimate else (0.0, 0.0)
+            parts = role_stage_breakdown(role, s, workload, device, eff, kv)
+            times = {stage: sum(p.values()) for stage, p in parts.items()}
+            choices.append(RoleChoice(name, s, bytes_, times, parts))  # with parts, as the search's choices
+        if choices:
+            held = sorted({r for name in roles for r in plan.meshes[name].ranks})
+            sets.append(SetSolution(tuple(c.role for c in choices), len(held), tuple(choices)))
+            ranks.append(tuple(held))
+    return compose(tuple(sets), tuple(ranks), workload, device, eff)
+

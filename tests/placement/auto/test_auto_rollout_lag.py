@@ -11,8 +11,7 @@ from hybridflow.errors import UserError
 from hybridflow.placement import plan_placement
 from hybridflow.placement.auto import search_config, search_placement, workload_from_config
 from hybridflow.placement.auto.device import DeviceSpec, Efficiency
-from hybridflow.placement.auto.from_config import plan_from_candidate
-from hybridflow.placement.auto.predict import plan_candidate
+from hybridflow.placement.auto.from_config import plan_candidate, plan_from_candidate
 from hybridflow.placement.auto.search import Candidate, search
 from hybridflow.placement.auto.strategy import strategies_for
 from hybridflow.placement.auto.workload import (

@@ -227,7 +227,7 @@ def _measured(path: str) -> dict:
 def _predicted_1b(overrides: list[str]):
     from hybridflow.config import load_experiment
     from hybridflow.placement import plan_placement
-    from hybridflow.placement.auto.predict import plan_candidate
+    from hybridflow.placement.auto.from_config import plan_candidate
 
     cfg = load_experiment("ppo_llama_1b_h200", ["placement=colocated", *overrides])
     return plan_candidate(cfg, plan_placement(cfg), (7, 1024)).stage_times

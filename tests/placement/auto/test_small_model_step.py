@@ -6,7 +6,7 @@ import pytest
 
 from hybridflow.config import load_experiment
 from hybridflow.placement import plan_placement
-from hybridflow.placement.auto.predict import plan_candidate
+from hybridflow.placement.auto.from_config import plan_candidate
 
 MEASURED_STEP_S = 1.97
 MEASURED_FORWARD_PASS_S = 0.22  # ref and old log-probs alike: 256 samples in 4 micro-batches of 64 rows
