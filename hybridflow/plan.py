@@ -13,10 +13,10 @@ from pathlib import Path
 
 from hybridflow.algorithms import check_algorithm
 from hybridflow.config import load_experiment, split_argv
-from hybridflow.config_help import config_parser, job_config_yaml, parse_config_args
 from hybridflow.data.vocabulary import check_run_tokens, stop_ids_source
 from hybridflow.engines import AUTO
 from hybridflow.errors import cli_errors
+from hybridflow.launch.command_help import config_parser, job_config_yaml, parse_config_args
 from hybridflow.placement import plan_placement
 from hybridflow.placement.auto import search_placement
 from hybridflow.placement.auto.explain import overlap_text

@@ -17,10 +17,10 @@ from pathlib import Path
 
 from hybridflow.algorithms import check_algorithm
 from hybridflow.config import ExperimentConfig, load_experiment, split_argv
-from hybridflow.config_help import config_parser, job_config_yaml, parse_config_args
 from hybridflow.errors import cli_errors
 from hybridflow.launch import LaunchError, LaunchInterrupted, detect_launcher, launch_local
-from hybridflow.noise import quiet_known_noise
+from hybridflow.launch.command_help import config_parser, job_config_yaml, parse_config_args
+from hybridflow.launch.known_warnings import quiet_known_noise
 from hybridflow.placement import Plan, plan_placement
 from hybridflow.placement.report import plan_summary
 from hybridflow.trainer import resume

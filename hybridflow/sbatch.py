@@ -22,8 +22,8 @@ from omegaconf.errors import OmegaConfBaseException
 
 from hybridflow.algorithms import check_algorithm
 from hybridflow.config import ExperimentConfig, load_experiment, split_argv
-from hybridflow.config_help import config_parser, job_config_yaml, parse_config_args
 from hybridflow.errors import UserError, cli_errors
+from hybridflow.launch.command_help import config_parser, job_config_yaml, parse_config_args
 from hybridflow.launch.sbatch_script import builtin_templates, layout_from_plan, render_sbatch
 from hybridflow.launch.slurm_config import SlurmConfig
 from hybridflow.placement import plan_placement

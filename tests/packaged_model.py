@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hybridflow.model_cache import PACKAGED_MODELS, packaged_checkpoint
+from hybridflow.convert.packaged_model import PACKAGED_MODELS, packaged_checkpoint
 
 
 def smollm2_checkpoint() -> Path:

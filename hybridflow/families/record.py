@@ -1,7 +1,7 @@
 """The model-family record and its registry: a family registers one ``ModelFamily``; everyone looks it up.
 
 The planner (hybridflow.config, hybridflow.placement), megatron_adapters (model building, the weight map, the
-vLLM layout), the trainer (random checkpoints), convert_gguf and the benchmarks ask the record; nothing else
+vLLM layout), the trainer (random checkpoints), the GGUF converter and the benchmarks ask the record; nothing else
 tests an architecture name. This module imports only the standard library and its own package.
 """
 

@@ -5,7 +5,7 @@ Imports only hybridflow.config, hybridflow.engines (the engine records' pure par
 """
 
 from hybridflow.placement.cluster import GPU, cluster_gpus
-from hybridflow.placement.dispatch import plan_placement
+from hybridflow.placement.config_plan import plan_placement
 from hybridflow.placement.memory import GIB, MemoryEstimate, estimate_role_memory
 from hybridflow.placement.mesh import Dims, ParallelDims, RoleMesh
 from hybridflow.placement.planner import Plan, build_plan, colocation_sets, resolve_resources

@@ -1,6 +1,6 @@
 """Explicit placement: config -> Plan (role meshes on global ranks, rank -> roles, memory per GPU).
 
-`hybridflow.placement.dispatch.plan_placement` picks this or the auto search (which calls `build_plan`).
+`hybridflow.placement.config_plan.plan_placement` picks this or the auto search (which calls `build_plan`).
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ import torch.distributed as dist
 from hybridflow.data.step_batch import StepBatch
 from hybridflow.engines import get_engine
 from hybridflow.placement import RoleMesh
-from hybridflow.roles.exchange import share_from_role
 from hybridflow.roles.model_role import ModelRole
+from hybridflow.roles.replica_results import share_from_role
 from hybridflow.rollout.base import EngineSetup, RolloutBatch, RolloutBuilder, RolloutEngine, SamplingParams
 from megatron_adapters.bridge import ReshardStats, WeightBridge, training_shards
 from megatron_adapters.checkpoint import unwrap

@@ -30,8 +30,8 @@ from hybridflow.roles.model_role import (
 from hybridflow.roles.rollout_role import build_rollout_role
 from hybridflow.rollout.base import EngineSetup, SamplingParams
 from hybridflow.trainer.model_files import ensure_model_files, role_model_dirs
-from hybridflow.trainer.rewarding import build_scorer
 from hybridflow.trainer.rl_trainer import TRIM_MULTIPLE, RLTrainer
+from hybridflow.trainer.scorer import build_scorer
 from megatron_adapters.bridge import build_reshard_plan
 from megatron_adapters.cpu_backend import compute_device
 

@@ -9,7 +9,7 @@ import transformers
 
 from hybridflow.config import load_experiment
 from hybridflow.launch import init_distributed
-from hybridflow.noise import quiet_known_noise
+from hybridflow.launch.known_warnings import quiet_known_noise
 from hybridflow.trainer.loop import train
 from hybridflow.trainer.plan_file import read_plan
 from megatron_adapters.cpu_backend import enable_cpu_backend

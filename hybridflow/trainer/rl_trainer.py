@@ -66,12 +66,12 @@ from hybridflow.config import ExperimentConfig
 from hybridflow.data.packing import as_rows
 from hybridflow.data.step_batch import StepBatch
 from hybridflow.placement import RoleMesh
-from hybridflow.roles.exchange import share_from_role
 from hybridflow.roles.groups import TrainingGroup
 from hybridflow.roles.model_role import ModelRole, per_token_logprobs, per_token_values
+from hybridflow.roles.replica_results import share_from_role
 from hybridflow.roles.rollout_role import RolloutRole
 from hybridflow.trainer.dynamic_sampling import fill_batch
-from hybridflow.trainer.rewarding import Scorer
+from hybridflow.trainer.scorer import Scorer
 from megatron_adapters.cpu_backend import compute_device
 
 

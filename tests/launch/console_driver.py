@@ -9,7 +9,7 @@ from pathlib import Path
 
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: hybridflow and tests
-    from hybridflow.noise import quiet_known_noise
+    from hybridflow.launch.known_warnings import quiet_known_noise
 
     quiet_known_noise()  # as hybridflow.run does before it imports the rank's modules
     from hybridflow.launch import launch_local

@@ -1,5 +1,5 @@
-"""A worker module that warns at import as megatron-core does (a known warning: hybridflow/noise.py) and a
-worker that draws a progress bar on rank 0, for test_console.py."""
+"""A worker module that warns at import as megatron-core does (a known warning:
+hybridflow/launch/known_warnings.py) and a worker that draws a progress bar on rank 0, for test_console.py."""
 
 from __future__ import annotations
 

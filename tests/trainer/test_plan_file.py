@@ -56,7 +56,7 @@ def test_plan_for_other_overrides_is_refused(tmp_path):
 def test_rank_builds_from_the_loaded_plan_and_never_plans(tmp_path, monkeypatch):
     """A plan.json that differs from what planning gives is the plan a rank trains with."""
     import hybridflow.trainer.rank_main as rank_main_module
-    from hybridflow.placement import dispatch, planner
+    from hybridflow.placement import config_plan, planner
 
     cfg = _cfg(tmp_path)
     planned = plan_placement(cfg)
@@ -67,7 +67,7 @@ def test_rank_builds_from_the_loaded_plan_and_never_plans(tmp_path, monkeypatch)
     def no_planning(*args, **kwargs):
         raise AssertionError("a rank planned again")
 
-    monkeypatch.setattr(dispatch, "plan_placement", no_planning)
+    monkeypatch.setattr(config_plan, "plan_placement", no_planning)
     monkeypatch.setattr(planner, "build_plan", no_planning)
     monkeypatch.setattr(rank_main_module, "init_distributed", lambda distributed: None)
     monkeypatch.setattr(rank_main_module, "enable_cpu_backend", lambda: False)

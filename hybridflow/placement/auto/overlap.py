@@ -26,7 +26,7 @@ from hybridflow.placement.auto.device import DeviceSpec, Efficiency
 from hybridflow.placement.auto.set_solver import RoleChoice, SetSolution
 from hybridflow.placement.auto.workload import GENERATION, PREPARATION, ROLLOUT, TRAINING, Workload
 
-# Scores batch k+1 in step 3 (rewarding.Scorer), not inside the consume of step 2.
+# Scores batch k+1 in step 3 (trainer.scorer.Scorer), not inside the consume of step 2.
 REWARD = "reward"
 
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = """
 import logging, sys, warnings
-from hybridflow.noise import quiet_known_noise
+from hybridflow.launch.known_warnings import quiet_known_noise
 logging.basicConfig()
 quiet_known_noise(log_dir=sys.argv[1])
 for _ in range(3):

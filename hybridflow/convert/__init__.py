@@ -8,8 +8,8 @@
 Runs on CPU: it starts ``tp * pp`` local ranks itself (through `hybridflow.launch.launch_ranks`, the
 launcher `python -m hybridflow.run` uses; forked, gloo) and each rank converts only its
 shard (HF slices are read per rank; the dist checkpoint is TP x PP independent, so ``mcore-to-hf`` may use
-any layout that fits, default 1 x 1). ``mcore-to-vllm`` (see `hybridflow.convert_vllm`) writes one
-safetensors file per vLLM TP rank in one process; ``gguf-to-hf`` (see `hybridflow.convert_gguf`) dequantises a
+any layout that fits, default 1 x 1). ``mcore-to-vllm`` (see `hybridflow.convert.vllm_shards`) writes one
+safetensors file per vLLM TP rank in one process; ``gguf-to-hf`` (see `hybridflow.convert.gguf`) dequantises a
 Llama/Qwen2/Qwen3 GGUF file into an HF checkpoint directory (auto dtype: fp32). Bad input: one line on stderr,
 exit code 2.
 """
@@ -130,12 +130,12 @@ def _convert_rank(args: argparse.Namespace, hf_config) -> None:
 def convert(args: argparse.Namespace) -> None:
     """Validate, then run the conversion in ``tp * pp`` CPU ranks (ValueError on bad input)."""
     if args.direction == "gguf-to-hf":
-        from hybridflow.convert_gguf import convert_gguf_to_hf
+        from hybridflow.convert.gguf import convert_gguf_to_hf
 
         convert_gguf_to_hf(args.gguf, args.out, "fp32" if args.dtype == "auto" else args.dtype)
         return
     if args.direction == "mcore-to-vllm":
-        from hybridflow.convert_vllm import convert_to_vllm
+        from hybridflow.convert.vllm_shards import convert_to_vllm
 
         dtype = None if args.dtype == "auto" else _dtype(args.dtype, None)  # auto: the checkpoint's own
         convert_to_vllm(args.ckpt, args.out, args.tp, args.hf_config, dtype)
@@ -168,7 +168,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     layout = "".join(f", {f}={getattr(args, f)}" for f in ("tp", "pp") if hasattr(args, f))
     print(f"converted {getattr(args, source)} -> {args.out} ({args.direction}{layout})")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -65,7 +65,7 @@ def _made_once(target: Path, make: Callable[[Path], object], what: str) -> Path:
 
 def packaged_checkpoint(name: str) -> Path:
     """The HF checkpoint directory of packaged model `name`, converted into the cache on first use."""
-    from hybridflow.convert_gguf import convert_gguf_to_hf
+    from hybridflow.convert.gguf import convert_gguf_to_hf
 
     if name not in PACKAGED_MODELS:
         raise UserError(f"model.packaged: unknown packaged model {name!r}; use one of {', '.join(PACKAGED_MODELS)}")
@@ -107,7 +107,7 @@ def first_layers(checkpoint: Path, keep: int, field: str = "model") -> Path:
 def _write_first_layers(checkpoint: Path, keep: int, out: Path) -> None:
     import transformers
 
-    from hybridflow.convert_gguf import staged_dir
+    from hybridflow.convert.gguf import staged_dir
 
     config = transformers.AutoConfig.from_pretrained(checkpoint, local_files_only=True)
     config.num_hidden_layers = keep

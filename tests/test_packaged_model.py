@@ -1,4 +1,4 @@
-"""hybridflow.model_cache: a checkpoint cut to its first k layers equals the HF model with those layers only,
+"""hybridflow.convert.packaged_model: a checkpoint cut to its first k layers equals the HF model with those layers only,
 is made once (also when processes race), and bad input (too many layers, a packaged model whose package is
 absent) is one clear UserError."""
 
@@ -14,8 +14,8 @@ import torch
 import transformers
 
 from hybridflow.config import load_experiment
+from hybridflow.convert.packaged_model import PACKAGED_MODELS, PackagedModel, first_layers
 from hybridflow.errors import UserError
-from hybridflow.model_cache import PACKAGED_MODELS, PackagedModel, first_layers
 from tests.megatron_adapters.tiny_hf_models import hf_logits, save_tiny_model, token_batch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,7 +49,7 @@ def test_first_layers_is_the_model_with_its_first_layers(tmp_path, cache, capsys
 
 def test_racing_processes_make_the_entry_once(tmp_path, cache):
     save_tiny_model("llama", tmp_path / "full", seed=4)
-    code = ("import sys; from pathlib import Path; from hybridflow.model_cache import first_layers; "
+    code = ("import sys; from pathlib import Path; from hybridflow.convert.packaged_model import first_layers; "
             "print(first_layers(Path(sys.argv[1]), 1))")
     env = {"HYBRIDFLOW_CACHE": str(cache), "PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
     procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "full")], env=env, text=True,

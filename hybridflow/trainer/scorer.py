@@ -13,8 +13,8 @@ from hybridflow.config import ExperimentConfig
 from hybridflow.data.step_batch import StepBatch
 from hybridflow.placement import RoleMesh
 from hybridflow.rewards import compute_scores, resolve_reward_fn, reward_inputs
-from hybridflow.roles.exchange import share_from_role
 from hybridflow.roles.model_role import ModelRole
+from hybridflow.roles.replica_results import share_from_role
 
 
 def rule_inputs(tokenizer: PreTrainedTokenizerBase, batch: StepBatch):
