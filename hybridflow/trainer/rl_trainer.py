@@ -9,7 +9,13 @@ batch filter (dynamic sampling) then drops groups and generates more prompts unt
 Consuming runs on the training group only (the ranks holding actor, critic, ref or reward; its exchanges
 are broadcasts over that group), so a rank that holds only the rollout never enters it.
 
-`trainer.rollout_lag=0`: generate batch k, land it, consume it, sync w_k (the weights after update k).
+`trainer.rollout_lag=0`: generate batch k, land it, consume it, sync w_k (the weights after update k). A
+reward model scores its rows right after landing, but the scores are shared only where they are first read
+(after the ref / value / old log-prob passes, `land_scores`): a reward model on GPUs of its own scores while
+the other roles run their passes instead of holding them up. The share is a world collective; ranks outside
+the training group join it after skipping `consume`, the training ranks between their group's exchanges and
+updates (different groups, so no rank waits in one collective for a rank stuck in another). With a batch
+filter the scores decide the batch, so they are shared at once.
 
 `trainer.rollout_lag=1` (one-step-off; the rollout on GPUs the actor does not hold, checked at plan time).
 Batch k was generated and landed during step k-1 (`ready`). Step k, on every rank in this order:
@@ -114,6 +120,8 @@ class RLTrainer:
     sampling_metrics: dict[str, float] = field(default_factory=dict)  # dynamic sampling's, last produce
     last_batch: StepBatch | None = None  # the batch the last step trained on (sample logging reads it)
     steps_done: int = 0  # RL steps trained so far (a resumed run sets it): the parity gate's cadence counts them
+    # lag 0: this rank's part of the batch's scores (scorer.local), shared by land_scores where first read
+    unshared_scores: torch.Tensor | None = None
 
     # ---- one step -------------------------------------------------------------------------------
     def step(self, prompts: StepBatch, draw: Callable[[], StepBatch] | None = None) -> dict[str, float]:
@@ -127,9 +135,10 @@ class RLTrainer:
         if self.lag:
             batch = self.ready  # generated during the last step, by the weights before its update
         else:
-            batch = self.produce(prompts, generating, timer, "generate", draw)
+            batch = self.produce(prompts, generating, timer, "generate", draw, defer_scores=True)
         self.last_batch = batch
         metrics = self.consume(batch, timer) if self.training.member else {}
+        self.land_scores(batch)  # outside the training group: the first read is the metrics below
         if self.lag:
             self.ready = self.produce(prompts, generating, timer, "wait_rollout", draw)
         metrics |= self.sampling_metrics  # the batch filter's figures of the batch produced in this step
@@ -160,15 +169,20 @@ class RLTrainer:
         return bool(self.algorithm.tis_cap) or self.parity_due(step)
 
     def produce(self, prompts: StepBatch, generating: tuple, timer: StageTimer, stage: str,
-                draw: Callable[[], StepBatch] | None = None) -> StepBatch:
+                draw: Callable[[], StepBatch] | None = None, defer_scores: bool = False) -> StepBatch:
         """The generated + scored batch: samples landed on every rank (collective over the world), trimmed,
         scored, and, with a batch filter, its dropped groups replaced by newly drawn ones
-        (trainer/dynamic_sampling.py; every rank decides the same from the shared scores)."""
+        (trainer/dynamic_sampling.py; every rank decides the same from the shared scores). `defer_scores`
+        (lag 0, no batch filter): the scores stay on their ranks until `land_scores`."""
         with timer(stage):
             self.rollout.share(prompts, generating)
             prompts.trim_columns(TRIM_MULTIPLE, self.cfg.data.seq_length)
         with timer("reward"):
-            prompts.scores = self.scorer.share(self.scorer.local(prompts), prompts)
+            local = self.scorer.local(prompts)
+            if defer_scores and self.algorithm.group_filter is None:
+                self.unshared_scores = local
+                return prompts
+            prompts.scores = self.scorer.share(local, prompts)
         if self.algorithm.group_filter is None:
             return prompts
         if draw is None:
@@ -199,6 +213,7 @@ class RLTrainer:
             batch.old_logprobs = self.share("actor", old, batch)
             batch.ref_logprobs = self.share("ref", ref, batch) if "ref" in self.meshes else None
             batch.values = self.share("critic", values, batch) if "critic" in self.meshes else None
+            self.land_scores(batch)
         metrics = self.gate(batch)
         with timer("advantages"):
             kl = self.assign_rewards(batch)
@@ -216,6 +231,12 @@ class RLTrainer:
                 metrics |= self._update("actor", batch, self._actor_loss(temperature), self._actor_fields())
         self.kl_ctl.update(kl, batch.size)
         return metrics | {"kl": kl, "kl_coef": float(self.kl_ctl.value)}
+
+    def land_scores(self, batch: StepBatch) -> None:
+        """Share the scores `produce` left on their ranks (a no-op once shared); collective over the world."""
+        if batch.scores is None:
+            batch.scores = self.scorer.share(self.unshared_scores, batch)
+            self.unshared_scores = None
 
     @property
     def _kl_loss(self) -> bool:
