@@ -38,9 +38,9 @@ from hybridflow.placement.checks import check_batch_sizes
 from hybridflow.placement.memory import GIB, estimate_role_memory, offloaded_share, rollout_shares_actor_weights
 from hybridflow.placement.mesh import Dims
 from hybridflow.placement.offload import roles_to_pick
-from hybridflow.placement.update_budget import budget_roles_to_pick
 from hybridflow.placement.planner import Plan, build_plan
 from hybridflow.placement.report import set_memory_bytes
+from hybridflow.placement.update_budget import budget_roles_to_pick
 
 _STAGES = {"actor": (GENERATION, PREPARATION, TRAINING), "critic": (PREPARATION, TRAINING),
            "ref": (PREPARATION,), "reward": (PREPARATION,)}
