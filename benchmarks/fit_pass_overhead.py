@@ -41,6 +41,8 @@ PASSES = {"ref": ("ref", "preparation"), "values": ("critic", "preparation"),
           "update_critic": ("critic", "training")}
 OFFLOAD = ["roles.actor.offload_optimizer=true", "roles.critic.offload_optimizer=true",
            "roles.actor.offload_fraction=1.0", "roles.critic.offload_fraction=1.0"]
+# The runs predate the planner's update token budget: their updates ran micro_batch_size rows.
+MEASURED_AT = ["roles.actor.update_max_tokens=0", "roles.critic.update_max_tokens=0"]
 
 
 def _smollm2_stages() -> dict[str, float]:
@@ -66,7 +68,7 @@ def points() -> list[tuple[str, str, float, float, float]]:
     """(run, pass, measured s, predicted s at both figures 0, offloaded parameters x optimizer steps)."""
     out = []
     for label, experiment, overrides, lengths, measured in runs():
-        cfg = load_experiment(experiment, overrides)
+        cfg = load_experiment(experiment, [*overrides, *MEASURED_AT])
         plan = plan_placement(cfg)
         workload = workload_at_lengths(cfg, lengths)
         device = DeviceSpec.from_cluster(cfg.cluster)

@@ -60,10 +60,10 @@ class RoleConfig:
     # The update (trained roles, padded rows; the supervised warm-up too) runs
     # `update_micro_batch_size(data.seq_length)` rows per micro-batch: this token budget over the sequence
     # length, at least `micro_batch_size`. Every loss_agg mode gives the same gradient however a mini-batch is
-    # split (hybridflow/algorithms/losses/loss_agg.py). 0 = exactly `micro_batch_size` rows. Off by default for
-    # now: at 4096 the shipped ppo_llama3_70b_2node no longer fits 80 GiB, so the default wants the planner to
-    # pick the largest budget that fits (as it picks offload_fraction); small models set it (grpo_smollm2).
-    update_max_tokens: int = bounded(0, ge=0)
+    # split (hybridflow/algorithms/losses/loss_agg.py). 0 = exactly `micro_batch_size` rows (the explicit
+    # override). None (default): the planner picks the largest budget that fits the GPUs, up to 16384 tokens
+    # (hybridflow/placement/update_budget.py); the run uses the plan's value.
+    update_max_tokens: int | None = bounded(None, ge=0)
     offload_optimizer: bool = False
     # With offload_optimizer: the share of the optimizer (fp32 master params + Adam states) megatron's
     # HybridDeviceOptimizer keeps and steps on the host (OptimizerConfig.optimizer_offload_fraction; 1.0 =
@@ -76,9 +76,11 @@ class RoleConfig:
         """Rows per forward-only micro-batch of padded `seq_length`-token rows (see `forward_max_tokens`)."""
         return max(self.micro_batch_size, (self.forward_max_tokens or 0) // seq_length)
 
-    def update_micro_batch_size(self, seq_length: int) -> int:
-        """Most rows per update micro-batch of padded `seq_length`-token rows (see `update_max_tokens`)."""
-        return max(self.micro_batch_size, self.update_max_tokens // seq_length)
+    def update_micro_batch_size(self, seq_length: int, max_tokens: int | None = None) -> int:
+        """Most rows per update micro-batch of padded `seq_length`-token rows under the budget `max_tokens`
+        (default: `update_max_tokens`, unset counting as 0 = `micro_batch_size` rows; the run passes the plan's)."""
+        budget = self.update_max_tokens if max_tokens is None else max_tokens
+        return max(self.micro_batch_size, (budget or 0) // seq_length)
 
 
 def micro_batch_split(rows: int, max_rows: int) -> tuple[int, int]:

@@ -31,7 +31,9 @@ Parts and the rules used (P = parameters held by the GPU: its pipeline stage's s
                (actor, critic, and the actor's warm-up) cuts the replica's mini_batch_size / dp rows into
                n_microbatches of at most max(micro_batch_size, update_max_tokens // seq_length) rows each
                (`roles.<role>.update_max_tokens`; config.parallel.micro_batch_split, the runtime's cut), rows
-               = the largest of them; other roles: rows = micro_batch_size. With sequence packing
+               = the largest of them (an unset budget counts as 0, micro_batch_size rows, the least memory; the
+               planner replaces it with the budget it picks: update_budget.py); other roles: rows =
+               micro_batch_size. With sequence packing
                (`roles.<role>.max_tokens_per_micro_batch` = B > 0; ref's unset value is the actor's) a
                micro-batch is one row of whole samples, each at most S = min(max_prompt_length +
                max_new_tokens, seq_length) tokens:

@@ -31,6 +31,12 @@ from hybridflow.placement.offload import (
     with_offload_fraction,
 )
 from hybridflow.placement.resources import parse_gpu_list
+from hybridflow.placement.update_budget import (
+    budget_roles_to_pick,
+    pick_update_max_tokens,
+    update_max_tokens,
+    with_update_max_tokens,
+)
 
 
 @dataclass
@@ -49,6 +55,9 @@ class Plan:
     host_memory: dict[int, HostMemoryEstimate] = field(default_factory=dict)  # per node
     host_capacity_bytes: int | None = None  # per node (cluster.host_memory_gib); None: not checked
     offload_fractions: dict[str, float] = field(default_factory=dict)  # role -> optimizer share on the host
+    # trained role -> its update micro-batches' token budget (0 = micro_batch_size rows); an unset
+    # roles.<role>.update_max_tokens is the planner's pick (update_budget.py), and the ranks build with this one
+    update_max_tokens: dict[str, int] = field(default_factory=dict)
     # The engine the rollout runs (rollout.engine=auto resolved: hybridflow.placement.engine_choice); the
     # ranks build this one.
     rollout_engine: str = ""
@@ -76,6 +85,7 @@ class Plan:
             "host_capacity_bytes": self.host_capacity_bytes,
             "host_memory": {str(n): m.to_json() for n, m in self.host_memory.items()},
             "offload_fractions": self.offload_fractions,
+            "update_max_tokens": self.update_max_tokens,
             "rollout_engine": self.rollout_engine,
             "gpus": [{"rank": g.rank, "node": g.node, "local_index": g.local_index} for g in self.gpus],
             "meshes": {role: mesh.to_json() for role, mesh in self.meshes.items()},
@@ -110,6 +120,7 @@ class Plan:
             host_memory={int(n): _estimate(HostMemoryEstimate, m) for n, m in data["host_memory"].items()},
             host_capacity_bytes=data["host_capacity_bytes"],
             offload_fractions=dict(data["offload_fractions"]),
+            update_max_tokens=dict(data["update_max_tokens"]),
             rollout_engine=data["rollout_engine"],
         )
 
@@ -189,12 +200,17 @@ def build_plan(
         meshes[role] = mesh
     rank_roles = {g.rank: tuple(r for r in meshes if g.rank in meshes[r].ranks) for g in gpus}
     capacity, headroom = int(cfg.cluster.gpu_memory_gib * GIB), int(cfg.cluster.gpu_memory_headroom_gib * GIB)
+    def gpu_totals(c: ExperimentConfig) -> dict[int, int]:
+        return {r: sum(m.total for m in parts.values()) for r, parts in _memory_by_rank(c, meshes, gpus).items()}
+
+    # The offload share first, at unset budgets (micro_batch_size rows); then the budget grows at that share.
     to_pick = roles_to_pick(cfg, tuple(meshes))
     if to_pick:
-        def gpu_totals(c: ExperimentConfig) -> dict[int, int]:
-            return {r: sum(m.total for m in parts.values()) for r, parts in _memory_by_rank(c, meshes, gpus).items()}
-
         cfg = with_offload_fraction(cfg, to_pick, pick_offload_fraction(cfg, to_pick, gpu_totals, capacity - headroom))
+    to_size = budget_roles_to_pick(cfg, tuple(meshes))
+    if to_size:
+        tokens = pick_update_max_tokens(cfg, to_size, meshes, gpu_totals, capacity - headroom)
+        cfg = with_update_max_tokens(cfg, to_size, tokens)
     role_memory = _memory_by_rank(cfg, meshes, gpus)
     memory = {rank: sum(parts.values(), MemoryEstimate()) for rank, parts in role_memory.items()}
     check_rollout_lag(cfg, meshes)
@@ -213,6 +229,7 @@ def build_plan(
         host_memory=node_host_memory(cfg, meshes, gpus),
         host_capacity_bytes=None if cfg.cluster.host_memory_gib is None else int(cfg.cluster.host_memory_gib * GIB),
         offload_fractions=offload_fractions(cfg, tuple(meshes)),
+        update_max_tokens=update_max_tokens(cfg, tuple(meshes)),
         rollout_engine=cfg.rollout.engine,
     )
     if cfg.placement.check_memory:
@@ -263,7 +280,8 @@ def check_memory(plan: Plan) -> None:
             f"({plan.capacity_bytes / GIB:.1f} GiB capacity - {plan.headroom_bytes / GIB:.1f} GiB "
             "cluster.gpu_memory_headroom_gib); "
             "raise tp/pp or spread roles over more GPUs, set roles.<role>.offload_optimizer=true, lower "
-            "rollout.gpu_memory_utilization or roles.<role>.micro_batch_size "
+            "rollout.gpu_memory_utilization, roles.<role>.micro_batch_size or an explicit "
+            "roles.<role>.update_max_tokens "
             "(placement.check_memory=false to skip)"
         )
 

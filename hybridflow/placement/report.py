@@ -76,6 +76,10 @@ def format_plan(plan: Plan) -> str:
     if plan.offload_fractions:
         shares = ", ".join(f"{role} {share:g}" for role, share in plan.offload_fractions.items())
         lines.append(f"  optimizer share offloaded to host memory: {shares}")
+    if plan.update_max_tokens:
+        budgets = ", ".join(f"{role} {tokens or 'micro_batch_size rows'}"
+                            for role, tokens in plan.update_max_tokens.items())
+        lines.append(f"  update micro-batch token budget (roles.<role>.update_max_tokens): {budgets}")
     lines.extend(_host_table(plan))
     return "\n".join(lines)
 

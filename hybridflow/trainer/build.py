@@ -111,7 +111,8 @@ def build_run(cfg: ExperimentConfig, plan: Plan, work_dir: Path) -> BuiltRun:
             optimizer=settings if trained else None, seed=cfg.trainer.seed,
             max_tokens_per_micro_batch=role_cfg.max_tokens_per_micro_batch or 0,
             forward_micro_batch_size=role_cfg.forward_micro_batch_size(cfg.data.seq_length),
-            update_micro_batch_size=role_cfg.update_micro_batch_size(cfg.data.seq_length), **overrides,
+            update_micro_batch_size=role_cfg.update_micro_batch_size(cfg.data.seq_length,
+                                                                     plan.update_max_tokens.get(role, 0)), **overrides,
         )
 
     sampling = rollout_sampling(cfg, tokenizer)

@@ -22,6 +22,7 @@ SPLIT = ["placement.resources.actor=[0,1]", "placement.resources.rollout=[0,1]",
     ("tiny_cpu", SPLIT),
     ("tiny_cpu", ["placement=auto"]),
     ("ppo_llama3_70b_2node", []),  # two nodes, host memory, offloaded optimizer shares
+    ("ppo_llama_1b_h200", []),  # update token budgets the planner picked (16384)
 ])
 def test_plan_round_trips_through_json_exactly(experiment, overrides):
     plan = plan_placement(load_experiment(experiment, overrides))
@@ -61,7 +62,7 @@ def test_rank_builds_from_the_loaded_plan_and_never_plans(tmp_path, monkeypatch)
     cfg = _cfg(tmp_path)
     planned = plan_placement(cfg)
     doctored = dataclasses.replace(planned, capacity_bytes=planned.capacity_bytes + 1,
-                                   offload_fractions={"actor": 0.25})
+                                   offload_fractions={"actor": 0.25}, update_max_tokens={"actor": 4096})
     write_plan(cfg, doctored)
 
     def no_planning(*args, **kwargs):

@@ -40,6 +40,7 @@ from hybridflow.placement.mesh import Dims
 from hybridflow.placement.offload import roles_to_pick
 from hybridflow.placement.planner import Plan, build_plan
 from hybridflow.placement.report import set_memory_bytes
+from hybridflow.placement.update_budget import budget_roles_to_pick
 
 _STAGES = {"actor": (GENERATION, PREPARATION, TRAINING), "critic": (PREPARATION, TRAINING),
            "ref": (PREPARATION,), "reward": (PREPARATION,)}
@@ -126,11 +127,12 @@ def search_config(cfg: ExperimentConfig, eff: Efficiency | None = None) -> Searc
     capacity = (cfg.cluster.gpu_memory_gib - cfg.cluster.gpu_memory_headroom_gib) * GIB
     result = search(workload, device, memory_from_config(cfg), eff, capacity,
                     tuple(tuple(g) for g in cfg.placement.colocate))
-    if not roles_to_pick(cfg, workload.role_names):
+    if not (roles_to_pick(cfg, workload.role_names) or budget_roles_to_pick(cfg, workload.role_names)):
         return result
-    # An unset offload_fraction is searched at 1.0 (offloaded_share: the memory the search may count on), but
-    # build_plan then picks one plan-wide share from the chosen layouts' memory (0.95 for ppo_llama3_8b_4gpu):
-    # the chosen candidate is priced at the share its plan runs, as plan_candidate prices any plan.
+    # An unset offload_fraction is searched at 1.0 (offloaded_share: the memory the search may count on) and an
+    # unset update_max_tokens at micro_batch_size rows (the least activation memory), but build_plan then picks
+    # one plan-wide share (0.95 for ppo_llama3_8b_4gpu) and token budget from the chosen layouts' memory: the
+    # chosen candidate is priced at the share and micro-batches its plan runs, as plan_candidate prices any plan.
     chosen = plan_candidate(cfg, plan_from_candidate(cfg, result.chosen), eff=eff)
     for p in result.partitions:
         if p.best is result.chosen:
@@ -194,6 +196,19 @@ def workload_at_lengths(cfg: ExperimentConfig, lengths: tuple[float, float] | No
     return replace(workload, prompt_length=prompt, response_length=response)
 
 
+def config_at_plan_picks(cfg: ExperimentConfig, plan: Plan) -> ExperimentConfig:
+    """A copy of `cfg` whose trained roles carry the optimizer share and update token budget `plan` runs with
+    (what build_plan picked for an unset roles.<role>.offload_fraction / update_max_tokens)."""
+    picked = {}
+    for role in TRAINED_ROLES:
+        if role in plan.meshes:
+            role_cfg = cfg.roles.get(role)
+            picked[role] = replace(role_cfg,
+                                   offload_fraction=plan.offload_fractions.get(role, role_cfg.offload_fraction),
+                                   update_max_tokens=plan.update_max_tokens.get(role, role_cfg.update_max_tokens))
+    return replace(cfg, roles=replace(cfg.roles, **picked))
+
+
 def plan_candidate(cfg: ExperimentConfig, plan: Plan, lengths: tuple[float, float] | None = None,
                    eff: Efficiency | None = None) -> Candidate:
     """`plan` priced as the search prices its own candidates; `candidate.total` is the predicted step.
@@ -202,11 +217,8 @@ def plan_candidate(cfg: ExperimentConfig, plan: Plan, lengths: tuple[float, floa
     longest prompt and full response length. `eff`: the cost-model factors (default: those measured on
     `cfg.cluster.gpu_type`, as the search uses).
     """
+    cfg = config_at_plan_picks(cfg, plan)
     workload = workload_at_lengths(cfg, lengths)
-    # the optimizer shares the plan offloads (an unset roles.<role>.offload_fraction is the plan's pick)
-    workload = replace(workload, roles=tuple(
-        replace(r, offload_fraction=plan.offload_fractions.get(r.name, 0.0)) if r.trains else r
-        for r in workload.roles))
     device = DeviceSpec.from_cluster(cfg.cluster)
     eff = eff or efficiency_for(cfg.cluster.gpu_type)
     memory = memory_from_config(cfg)

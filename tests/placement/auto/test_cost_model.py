@@ -229,7 +229,9 @@ def _predicted_1b(overrides: list[str]):
     from hybridflow.placement import plan_placement
     from hybridflow.placement.auto.from_config import plan_candidate
 
-    cfg = load_experiment("ppo_llama_1b_h200", ["placement=colocated", *overrides])
+    # The measured runs predate the planner's update token budget: their updates ran micro_batch_size rows.
+    measured_at = ["roles.actor.update_max_tokens=0", "roles.critic.update_max_tokens=0"]
+    cfg = load_experiment("ppo_llama_1b_h200", ["placement=colocated", *measured_at, *overrides])
     return plan_candidate(cfg, plan_placement(cfg), (7, 1024)).stage_times
 
 
