@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from hybridflow.config.algorithm import AlgorithmConfig
 from hybridflow.config.bounds import check_bounds
@@ -40,6 +43,12 @@ class ExperimentConfig:
         if role == "reward" and self.reward_model is not None:
             return self.reward_model
         return self.model
+
+
+def with_role_settings(cfg: ExperimentConfig, settings: Mapping[str, Mapping[str, Any]]) -> ExperimentConfig:
+    """A copy of `cfg` whose `roles.<role>` fields are replaced by `settings[role]` (field -> value)."""
+    updated = {role: dataclasses.replace(cfg.roles.get(role), **fields) for role, fields in settings.items()}
+    return dataclasses.replace(cfg, roles=dataclasses.replace(cfg.roles, **updated))
 
 
 def finalize_experiment(cfg: ExperimentConfig) -> ExperimentConfig:

@@ -62,6 +62,12 @@ class HostMemoryEstimate(BytesByPart):
     hf_load: int = 0
 
 
+def writes_dist_checkpoints(cfg: ExperimentConfig) -> bool:
+    """Whether the run saves megatron dist checkpoints (trainer/loop.py: every save_every steps, and after the
+    last unless save_last is false), whose staging is host memory."""
+    return bool(cfg.trainer.save_every or cfg.trainer.save_last)
+
+
 def offloaded_optimizer_bytes(cfg: ExperimentConfig, role: str, mesh: RoleMesh, stage: int) -> int:
     """Host bytes of one rank's offloaded optimizer share (module docstring, "optimizer")."""
     share = offloaded_share(cfg.roles.get(role))
@@ -93,7 +99,7 @@ def rank_host_memory(cfg: ExperimentConfig, meshes: Mapping[str, RoleMesh], rank
         optimizer += offloaded_optimizer_bytes(cfg, role, mesh, stage)
         tp_rank, dp_rank, _ = mesh.coords(rank)
         weights = params * DTYPE_BYTES[model.dtype] if dp_rank == 0 else 0
-        if cfg.trainer.save_every or cfg.trainer.save_last:
+        if writes_dist_checkpoints(cfg):
             on_gpu = optimizer_bytes(model, params, mesh.dp) * (1 - offloaded_share(cfg.roles.get(role)))
             dist_ckpt += weights + math.ceil(on_gpu)
         if role == Role.ACTOR and dp_rank == 0 and tp_rank == 0:

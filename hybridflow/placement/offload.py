@@ -8,11 +8,10 @@ then runs on that share. Every such role on the plan gets the same share.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable, Mapping
 
-from hybridflow.config.experiment import ExperimentConfig
+from hybridflow.config.experiment import ExperimentConfig, with_role_settings
 from hybridflow.config.parallel import TRAINED_ROLES
 
 OFFLOAD_FRACTION_STEP = 0.05
@@ -26,8 +25,7 @@ def roles_to_pick(cfg: ExperimentConfig, roles: tuple[str, ...]) -> tuple[str, .
 
 def with_offload_fraction(cfg: ExperimentConfig, roles: tuple[str, ...], fraction: float) -> ExperimentConfig:
     """A copy of `cfg` whose `roles` offload `fraction` of their optimizer."""
-    updated = {r: dataclasses.replace(cfg.roles.get(r), offload_fraction=fraction) for r in roles}
-    return dataclasses.replace(cfg, roles=dataclasses.replace(cfg.roles, **updated))
+    return with_role_settings(cfg, {r: {"offload_fraction": fraction} for r in roles})
 
 
 def offload_fractions(cfg: ExperimentConfig, roles: tuple[str, ...]) -> dict[str, float]:

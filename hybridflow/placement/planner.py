@@ -21,7 +21,7 @@ from hybridflow.placement.checks import (
 )
 from hybridflow.placement.cluster import GPU, cluster_gpus
 from hybridflow.placement.generation import generation_mesh
-from hybridflow.placement.host_memory import HostMemoryEstimate, node_host_memory
+from hybridflow.placement.host_memory import HostMemoryEstimate, node_host_memory, writes_dist_checkpoints
 from hybridflow.placement.memory import GIB, MemoryEstimate, estimate_role_memory, rollout_shares_actor_weights
 from hybridflow.placement.mesh import Dims, ParallelDims, RoleMesh
 from hybridflow.placement.offload import (
@@ -234,7 +234,7 @@ def build_plan(
     )
     if cfg.placement.check_memory:
         check_memory(plan)
-        check_host_memory(plan, writes_checkpoints=bool(cfg.trainer.save_every or cfg.trainer.save_last))
+        check_host_memory(plan, writes_checkpoints=writes_dist_checkpoints(cfg))
     return plan
 
 

@@ -16,10 +16,9 @@ min(pp, today's count) micro-batches per mini-batch: fewer would leave 1F1B stag
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping
 
-from hybridflow.config.experiment import ExperimentConfig
+from hybridflow.config.experiment import ExperimentConfig, with_role_settings
 from hybridflow.config.parallel import TRAINED_ROLES, micro_batch_split
 from hybridflow.placement.mesh import RoleMesh
 
@@ -34,8 +33,7 @@ def budget_roles_to_pick(cfg: ExperimentConfig, roles: tuple[str, ...]) -> tuple
 
 def with_update_max_tokens(cfg: ExperimentConfig, roles: tuple[str, ...], tokens: int) -> ExperimentConfig:
     """A copy of `cfg` whose `roles` cut their updates by a budget of `tokens` (0 = micro_batch_size rows)."""
-    updated = {r: dataclasses.replace(cfg.roles.get(r), update_max_tokens=tokens) for r in roles}
-    return dataclasses.replace(cfg, roles=dataclasses.replace(cfg.roles, **updated))
+    return with_role_settings(cfg, {r: {"update_max_tokens": tokens} for r in roles})
 
 
 def update_max_tokens(cfg: ExperimentConfig, roles: tuple[str, ...]) -> dict[str, int]:

@@ -9,13 +9,10 @@ batch filter (dynamic sampling) then drops groups and generates more prompts unt
 Consuming runs on the training group only (the ranks holding actor, critic, ref or reward; its exchanges
 are broadcasts over that group), so a rank that holds only the rollout never enters it.
 
-`trainer.rollout_lag=0`: generate batch k, land it, consume it, sync w_k (the weights after update k). A
-reward model scores its rows right after landing, but the scores are shared only where they are first read
-(after the ref / value / old log-prob passes, `land_scores`): a reward model on GPUs of its own scores while
-the other roles run their passes instead of holding them up. The share is a world collective; ranks outside
-the training group join it after skipping `consume`, the training ranks between their group's exchanges and
-updates (different groups, so no rank waits in one collective for a rank stuck in another). With a batch
-filter the scores decide the batch, so they are shared at once.
+`trainer.rollout_lag=0`: generate batch k, land it, consume it, sync w_k (the weights after update k). The
+scores (a world collective) are shared where first read, after the ref / value / old log-prob passes
+(`land_scores`), so a reward model on its own GPUs scores meanwhile; ranks outside the training group join
+that share after skipping `consume`. With a batch filter the scores decide the batch: shared at once.
 
 `trainer.rollout_lag=1` (one-step-off; the rollout on GPUs the actor does not hold, checked at plan time).
 Batch k was generated and landed during step k-1 (`ready`). Step k, on every rank in this order:

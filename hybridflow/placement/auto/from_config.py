@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 from dataclasses import replace
 
-from hybridflow.config.experiment import ExperimentConfig
+from hybridflow.config.experiment import ExperimentConfig, with_role_settings
 from hybridflow.config.model import ModelConfig
 from hybridflow.config.parallel import TRAINED_ROLES, VALUE_HEAD_ROLES
 from hybridflow.engines import engine_of
@@ -199,14 +199,10 @@ def workload_at_lengths(cfg: ExperimentConfig, lengths: tuple[float, float] | No
 def config_at_plan_picks(cfg: ExperimentConfig, plan: Plan) -> ExperimentConfig:
     """A copy of `cfg` whose trained roles carry the optimizer share and update token budget `plan` runs with
     (what build_plan picked for an unset roles.<role>.offload_fraction / update_max_tokens)."""
-    picked = {}
-    for role in TRAINED_ROLES:
-        if role in plan.meshes:
-            role_cfg = cfg.roles.get(role)
-            picked[role] = replace(role_cfg,
-                                   offload_fraction=plan.offload_fractions.get(role, role_cfg.offload_fraction),
-                                   update_max_tokens=plan.update_max_tokens.get(role, role_cfg.update_max_tokens))
-    return replace(cfg, roles=replace(cfg.roles, **picked))
+    return with_role_settings(cfg, {
+        role: {"offload_fraction": plan.offload_fractions.get(role, cfg.roles.get(role).offload_fraction),
+               "update_max_tokens": plan.update_max_tokens.get(role, cfg.roles.get(role).update_max_tokens)}
+        for role in TRAINED_ROLES if role in plan.meshes})
 
 
 def plan_candidate(cfg: ExperimentConfig, plan: Plan, lengths: tuple[float, float] | None = None,
