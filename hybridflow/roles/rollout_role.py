@@ -109,19 +109,31 @@ def _free_gib() -> float | None:
     return torch.cuda.mem_get_info()[0] / 2**30
 
 
+NOT_STARTED = object()  # build_rollout_role's default: the engine's builder starts when the role is built
+
+
+def start_rollout(engine: str, setup: EngineSetup) -> object:
+    """Begin engine `engine`'s early work (its builder's `start`) before the models build; collective. What it
+    returns is `build_rollout_role`'s `started`."""
+    return resolve_builder(get_engine(engine).builder).start(setup)
+
+
 def build_rollout_role(
-    engine: str, setup: EngineSetup, reshard_plan, sampling: SamplingParams, bucket_bytes: int = 256 << 20,
+    engine: str, setup: EngineSetup, reshard_plan, sampling: SamplingParams, started: object = NOT_STARTED,
+    bucket_bytes: int = 256 << 20,
 ) -> RolloutRole:
     """The rollout engine `engine` (a registered name, the plan's rollout_engine) on its ranks and the bridge
-    that feeds it. Collective.
+    that feeds it, from `start_rollout`'s `started` (by default the builder starts here). Collective.
 
     The engine's record names its builder as an import path (hybridflow.engines); it is resolved here, the
     one place that imports engine code, and says which layout the bridge writes and whether it stages it.
     """
     builder = resolve_builder(get_engine(engine).builder)
+    if started is NOT_STARTED:
+        started = builder.start(setup)
     bridge = WeightBridge(reshard_plan, model_shape(setup.hf_dir), builder.target, dtype=setup.dtype,
                           bucket_bytes=bucket_bytes, device=setup.device, staged=builder.staged)
-    return RolloutRole(setup.mesh, builder.build(setup, bridge), bridge, sampling, setup.device)
+    return RolloutRole(setup.mesh, builder.build(setup, bridge, started), bridge, sampling, setup.device)
 
 
 def resolve_builder(path: str) -> RolloutBuilder:

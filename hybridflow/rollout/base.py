@@ -108,6 +108,12 @@ class RolloutBuilder(Protocol):
     target: TargetFormat  # the weight layout the bridge writes into the engine
     staged: bool  # the engine lives in another process: the bridge writes a staging buffer
 
-    def build(self, setup: EngineSetup, bridge: WeightBridge) -> RolloutEngine | None:
-        """This rank's engine (None off the rollout). Collective over the job, as the bridge is."""
+    def start(self, setup: EngineSetup) -> Any:
+        """Begin what can run while the models build (an engine process's imports); what it returns goes to
+        `build`. Called on every rank before any model is built; collective over the job."""
+        ...
+
+    def build(self, setup: EngineSetup, bridge: WeightBridge, started: Any) -> RolloutEngine | None:
+        """This rank's engine (None off the rollout), from `start`'s result. Collective over the job, as the
+        bridge is."""
         ...

@@ -14,12 +14,16 @@ groups, on any subset of the GPUs and at any TP the planner accepts.
   process copies the bucket into its own weights and answers before the next one overwrites it. The other
   direction is not possible: vLLM's sleep-mode allocator holds weights in cuMem allocations, which torch
   cannot export.
+- Start: a rank spawns its engine process before building its models (`spawn_engine_process`); the process
+  imports the engine's modules (vLLM's take ~27 s) and joins its world meanwhile, and builds the engine only
+  when asked (`build_hosted_engine`), after the models, so GPU memory is taken in the planned order.
 - Calls (generate, sleep, wake_up, ...) go over a pipe with CPU tensors; an error in the engine process
   comes back as its traceback in a RuntimeError.
 """
 
 from __future__ import annotations
 
+import importlib
 import math
 import os
 import socket
@@ -117,15 +121,7 @@ class HostedEngine:
 
     def close(self) -> None:
         """Stop the engine process (also when it hangs)."""
-        if self.process.is_alive():
-            try:
-                self.conn.send(("close", ()))
-            except (BrokenPipeError, OSError):
-                pass
-            self.process.join(timeout=30)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join()
+        _stop(self.process, self.conn)
 
     def _call(self, method: str, *args: Any) -> Any:
         try:
@@ -149,12 +145,28 @@ def _answer(conn: Any, process: Any, timeout_s: float, what: str) -> Any:
     return value
 
 
-def start_hosted_engine(build: EngineBuilder, args: tuple, mesh: RoleMesh, bucket_shapes, dtype: torch.dtype,
-                        device: torch.device, timeout_s: float = 1800.0) -> HostedEngine | None:
+@dataclass
+class EngineProcess:
+    """A started engine process that has not built its engine yet (its imports and world run meanwhile)."""
+
+    process: Any
+    conn: Any
+    rank: int  # in the engine world
+    mesh: RoleMesh  # the rollout mesh renumbered 0..n-1 in generation order
+    device: torch.device
+    timeout_s: float
+    spawned_at: float  # time.perf_counter() at spawn
+
+
+def spawn_engine_process(mesh: RoleMesh, device: torch.device, preload: tuple[str, ...] = (),
+                         timeout_s: float = 1800.0, env_defaults: Mapping[str, str] | None = None,
+                         ) -> EngineProcess | None:
     """Start this rank's engine process (None off the rollout). Collective over the job: every rank calls it.
 
-    `build(*args, engine_mesh)` runs in the engine process after its world is up; `engine_mesh` is the
-    rollout mesh renumbered 0..n-1 in generation order. `bucket_shapes` is the bridge's `bucket_shapes()`.
+    The process imports `preload` (an engine's heavy modules) and joins the engine world at once, then waits
+    for `build_hosted_engine`: a rank spawns it before building its models, so those imports overlap with
+    the model build while the engine itself (and its GPU memory) still comes after the models, as planned.
+    `env_defaults` are set in the process where the job's environment does not set them.
     """
     rank = dist.get_rank()
     address: list[Any] = [None]
@@ -165,51 +177,114 @@ def start_hosted_engine(build: EngineBuilder, args: tuple, mesh: RoleMesh, bucke
         return None
     host, port = address[0]
     env = {k: v for k, v in os.environ.items() if k not in JOB_VARIABLES and not k.startswith(JOB_PREFIXES)}
+    env = {**(env_defaults or {}), **env}
     env.update(RANK=str(mesh.ranks.index(rank)), WORLD_SIZE=str(mesh.size), MASTER_PORT=str(port),
                LOCAL_RANK=str(device.index or 0) if device.type == "cuda" else "0",
                MASTER_ADDR="127.0.0.1" if host == socket.gethostname() else host)
     engine_mesh = RoleMesh("rollout", tuple(range(mesh.size)), tp=mesh.tp, pp=mesh.pp, dp=mesh.dp)
-    layout = StagingLayout.of(bucket_shapes)
     ctx = mp.get_context("spawn")
     conn, child_conn = ctx.Pipe()
-    process = ctx.Process(target=serve, args=(child_conn, env, device.type, build, args, engine_mesh, layout,
-                                              timeout_s),
+    process = ctx.Process(target=serve, args=(child_conn, env, device.type, tuple(preload), timeout_s),
                           name=f"rollout-engine-{env['RANK']}")
     process.start()
     child_conn.close()
-    staging = torch.empty(max(layout.numel, 1), dtype=dtype, device=device)
-    conn.send(staging)  # shared once: CUDA IPC handle / shared-memory file
-    engine = HostedEngine(process, conn, staging, layout, device, timeout_s)
-    # Close before exit: multiprocessing's exit hook (which runs in launcher-spawned ranks, unlike atexit)
-    # joins every child, and the engine process waits on its pipe until told to stop.
-    mp_util.Finalize(engine, engine.close, exitpriority=10)
-    start = time.perf_counter()
-    _answer(conn, process, timeout_s, "engine start")
-    print(f"rollout: engine process {env['RANK']} of {mesh.size} up in {time.perf_counter() - start:.0f} s "
-          f"(rank {rank})", file=sys.stderr, flush=True)
+    spawned = EngineProcess(process, conn, int(env["RANK"]), engine_mesh, device, timeout_s, time.perf_counter())
+    # Stop it before exit, also when the models fail to build before the engine is: multiprocessing's exit
+    # hook (which runs in launcher-spawned ranks, unlike atexit) joins every child, and the engine process
+    # waits on its pipe until told to stop.
+    mp_util.Finalize(None, _stop, args=(process, conn), exitpriority=10)
+    return spawned
+
+
+def build_hosted_engine(spawned: EngineProcess | None, build: EngineBuilder, args: tuple, bucket_shapes,
+                        dtype: torch.dtype) -> HostedEngine | None:
+    """Build the engine in `spawned` (None off the rollout: returns None) and share the staging buffer.
+
+    `build(*args, engine_mesh)` runs in the engine process; `engine_mesh` is the rollout mesh renumbered 0..n-1
+    in generation order. `bucket_shapes` is the bridge's `bucket_shapes()`. Collective over the rollout ranks.
+    """
+    if spawned is None:
+        return None
+    layout = StagingLayout.of(bucket_shapes)
+    asked = time.perf_counter()
+    staging = torch.empty(max(layout.numel, 1), dtype=dtype, device=spawned.device)
+    try:
+        spawned.conn.send(("build", (build, args, spawned.mesh, layout)))
+        spawned.conn.send(staging)  # shared once: CUDA IPC handle / shared-memory file
+    except (BrokenPipeError, OSError):
+        pass  # it failed before: its answer below says why
+    engine = HostedEngine(spawned.process, spawned.conn, staging, layout, spawned.device, spawned.timeout_s)
+    took = _answer(spawned.conn, spawned.process, spawned.timeout_s, "engine start")
+    done = time.perf_counter()
+    print(f"rollout: engine process {spawned.rank} of {spawned.mesh.size} up {done - asked:.0f} s after the "
+          f"models ({done - spawned.spawned_at:.0f} s since spawn: {start_times(took)})",
+          file=sys.stderr, flush=True)
     return engine
 
 
+def start_hosted_engine(build: EngineBuilder, args: tuple, mesh: RoleMesh, bucket_shapes, dtype: torch.dtype,
+                        device: torch.device, timeout_s: float = 1800.0) -> HostedEngine | None:
+    """Spawn this rank's engine process and build its engine at once (no model build to overlap with)."""
+    return build_hosted_engine(spawn_engine_process(mesh, device, timeout_s=timeout_s), build, args,
+                               bucket_shapes, dtype)
+
+
+def start_times(took: Mapping[str, float]) -> str:
+    """The engine process's start phases, e.g. "imports 27.1 s, world 0.2 s, engine 41.0 s"."""
+    return ", ".join(f"{phase} {seconds:.1f} s" for phase, seconds in took.items())
+
+
+def _stop(process: Any, conn: Any) -> None:
+    if process.is_alive():
+        try:
+            conn.send(("close", ()))
+        except (BrokenPipeError, OSError):
+            pass
+        process.join(timeout=30)
+    if process.is_alive():
+        process.kill()
+        process.join()
+
+
 # ---- the engine process ----------------------------------------------------------------------------
-def serve(conn: Any, env: dict[str, str], device_type: str, build: EngineBuilder, args: tuple, mesh: RoleMesh,
-          layout: StagingLayout, timeout_s: float) -> None:
-    """The engine process: join the engine world, build the engine, answer calls until `close` or EOF."""
+def serve(conn: Any, env: dict[str, str], device_type: str, preload: tuple[str, ...], timeout_s: float) -> None:
+    """The engine process: import `preload`, join the engine world, wait for the engine to build, build it,
+    then answer calls until `close` or EOF. A failure before the build is answered when the build is asked."""
     from datetime import timedelta
 
     die_with_parent()  # the training rank started us from its main thread: end with it, even on SIGKILL
     watch(os.getppid())
     os.environ.clear()
     os.environ.update(env)
+    took: dict[str, float] = {}
+    failed = None
     try:
+        start = time.perf_counter()
         cuda = device_type == "cuda"
         if cuda:
             torch.cuda.set_device(int(env["LOCAL_RANK"]))
+        for module in preload:
+            importlib.import_module(module)
+        took["imports"] = time.perf_counter() - start
+        start = time.perf_counter()
         dist.init_process_group("nccl" if cuda else "gloo", init_method="env://", rank=int(env["RANK"]),
                                 world_size=int(env["WORLD_SIZE"]), timeout=timedelta(seconds=timeout_s))
+        took["world"] = time.perf_counter() - start
+    except Exception:
+        failed = traceback.format_exc()
+    try:
+        _, (build, args, mesh, layout) = conn.recv()
         staging = conn.recv()
+    except EOFError:  # the training rank went away before asking for the engine
+        return
+    try:
+        if failed:
+            raise RuntimeError(f"before the engine build:\n{failed}")
+        start = time.perf_counter()
         engine = build(*args, mesh)
         check_layout(engine.weight_tensors(), layout)
-        conn.send(("ok", None))
+        took["engine"] = time.perf_counter() - start
+        conn.send(("ok", took))
     except Exception:
         conn.send(("error", traceback.format_exc()))
         return

@@ -123,7 +123,10 @@ class MegatronBuilder:
     target = TargetFormat.MEGATRON
     staged = False
 
-    def build(self, setup: EngineSetup, bridge: WeightBridge) -> MegatronRolloutEngine | None:
+    def start(self, setup: EngineSetup) -> None:
+        """Nothing to start early: the engine is a model in this process."""
+
+    def build(self, setup: EngineSetup, bridge: WeightBridge, started: None = None) -> MegatronRolloutEngine | None:
         if setup.groups is None:
             return None
         model = build_gpt(setup.hf_dir, setup.groups, head="lm", dtype=setup.dtype, spec="decode").to(setup.device)

@@ -14,10 +14,12 @@ when an engine is built, so this module imports without it.
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,7 +28,7 @@ from hybridflow.config.model import DTYPES
 from hybridflow.errors import UserError
 from hybridflow.placement import RoleMesh
 from hybridflow.rollout.base import EngineSetup, RolloutBatch, SamplingParams
-from hybridflow.rollout.engine_host import HostedEngine, start_hosted_engine
+from hybridflow.rollout.engine_host import EngineProcess, HostedEngine, build_hosted_engine, spawn_engine_process
 from megatron_adapters.bridge import TargetFormat, WeightBridge
 
 # Set by this engine, never by rollout.engine_args: they define how vLLM lives inside the job.
@@ -47,6 +49,8 @@ RESERVED_ENGINE_ARGS = frozenset(
 # what RolloutBatch.logprobs promises as long as top-k/top-p are off (see `sampling_kwargs`).
 DEFAULT_ENGINE_ARGS: dict[str, Any] = {"skip_tokenizer_init": True, "logprobs_mode": "processed_logprobs"}
 SLEEP_TAGS = ("weights", "kv_cache")
+# What the engine process imports while the models build: `LLM` pulls in nearly all of vLLM (~27 s on the H200).
+VLLM_IMPORTS = ("vllm",)
 PER_BATCH_NOTE = ("rollout: seed_mode=per_batch: vLLM samples from one generator per engine, so a resumed run "
                   "does not repeat its samples bit for bit; rollout.seed_mode=per_request does (~15% slower "
                   "generation)")
@@ -279,18 +283,31 @@ def engine_spec(setup: EngineSetup) -> VllmEngineSpec:
 
 
 class VllmBuilder:
-    """Starts an engine process per rollout rank (`engine_host`), fed bucket by bucket through a staging
-    buffer in vLLM's fused layout (hybridflow.engines.vllm's record names `BUILDER`)."""
+    """Starts an engine process per rollout rank (`engine_host`) before the models build, so `import vllm`
+    overlaps with them, and builds vLLM's `LLM` in it afterwards; the bridge feeds it bucket by bucket through
+    a staging buffer in vLLM's fused layout (hybridflow.engines.vllm's record names `BUILDER`)."""
 
     target = TargetFormat.VLLM
     staged = True
 
-    def build(self, setup: EngineSetup, bridge: WeightBridge) -> HostedEngine | None:
+    def start(self, setup: EngineSetup) -> EngineProcess | None:
         if not torch.cuda.is_available():  # the planner refuses vLLM on a cpu cluster; here, without CUDA
             raise UserError("rollout.engine: vllm runs on CUDA GPUs only and this machine has none visible "
                             "(torch.cuda.is_available() is False); set rollout.engine=megatron (or auto)")
-        return start_hosted_engine(VllmRolloutEngine.create, (engine_spec(setup),), setup.mesh,
-                                   bridge.bucket_shapes(), setup.dtype, setup.device, setup.timeout_s)
+        return spawn_engine_process(setup.mesh, setup.device, preload=VLLM_IMPORTS, timeout_s=setup.timeout_s,
+                                    env_defaults=cache_env())
+
+    def build(self, setup: EngineSetup, bridge: WeightBridge, started: EngineProcess | None) -> HostedEngine | None:
+        return build_hosted_engine(started, VllmRolloutEngine.create, (engine_spec(setup),), bridge.bucket_shapes(),
+                                   setup.dtype)
+
+
+def cache_env() -> dict[str, str]:
+    """vLLM keeps its torch.compile and CUDA-graph caches in VLLM_CACHE_ROOT (default ~/.cache/vllm); with
+    $HYBRIDFLOW_CACHE set (e.g. on a filesystem every node shares) they live under it, so later runs on any
+    node start warm. An explicit VLLM_CACHE_ROOT wins."""
+    root = os.environ.get("HYBRIDFLOW_CACHE")
+    return {"VLLM_CACHE_ROOT": str(Path(root) / "vllm")} if root else {}
 
 
 BUILDER = VllmBuilder()

@@ -27,7 +27,7 @@ from hybridflow.roles.model_role import (
     build_model_role,
     role_config_overrides,
 )
-from hybridflow.roles.rollout_role import build_rollout_role
+from hybridflow.roles.rollout_role import build_rollout_role, start_rollout
 from hybridflow.rollout.base import EngineSetup, SamplingParams
 from hybridflow.trainer.model_files import ensure_model_files, role_model_dirs
 from hybridflow.trainer.rl_trainer import TRIM_MULTIPLE, RLTrainer
@@ -81,6 +81,10 @@ def build_run(cfg: ExperimentConfig, plan: Plan, work_dir: Path) -> BuiltRun:
     reshard_plan = build_reshard_plan(meshes["actor"], meshes["rollout"])
     groups = build_groups(meshes)
     training = build_training_group(meshes)
+    setup = EngineSetup(rollout=cfg.rollout, mesh=meshes["rollout"], groups=groups["rollout"], hf_dir=hf_dir,
+                        dtype=torch_dtype(cfg.rollout.dtype or cfg.model.dtype), device=device,
+                        seed=cfg.trainer.seed, timeout_s=cfg.distributed.timeout_s)
+    started = start_rollout(plan.rollout_engine, setup)  # an engine process imports while the models build
 
     roles: dict[str, ModelRole] = {}
     for role in MODEL_ROLES:
@@ -116,11 +120,7 @@ def build_run(cfg: ExperimentConfig, plan: Plan, work_dir: Path) -> BuiltRun:
         )
 
     sampling = rollout_sampling(cfg, tokenizer)
-    rollout_dtype = torch_dtype(cfg.rollout.dtype or cfg.model.dtype)
-    setup = EngineSetup(rollout=cfg.rollout, mesh=meshes["rollout"], groups=groups["rollout"], hf_dir=hf_dir,
-                        dtype=rollout_dtype, device=device, seed=cfg.trainer.seed,
-                        timeout_s=cfg.distributed.timeout_s)
-    rollout = build_rollout_role(plan.rollout_engine, setup, reshard_plan, sampling)  # the engine the plan chose
+    rollout = build_rollout_role(plan.rollout_engine, setup, reshard_plan, sampling, started)  # the plan's engine
     rollout.sync(roles.get("actor"))  # the engine starts from the actor's weights, through the bridge
     alg = cfg.algorithm
     trainer = RLTrainer(

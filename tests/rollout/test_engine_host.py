@@ -117,6 +117,42 @@ def test_engine_process_gets_every_bucket_and_reports_errors():
     assert "WeightLayoutMismatch" in mismatch and "missing in the engine ['b', 'c', 'd', 'e']" in mismatch
 
 
+def _spawned_early(probe: str):
+    """Spawn with a preload, let "the models build" (a sleep), then build: the preload ran meanwhile."""
+    import time
+
+    from hybridflow.placement import RoleMesh
+    from hybridflow.rollout.engine_host import EngineProcessError, build_hosted_engine, spawn_engine_process
+
+    os.environ["PRELOAD_PROBE"] = probe
+    mesh = RoleMesh("rollout", (0,), tp=1, pp=1, dp=1)
+    every = {n: s for b in SHAPES for n, s in b.items()}
+    spawned = spawn_engine_process(mesh, torch.device("cpu"), preload=("tests.rollout.preload_probe",),
+                                   timeout_s=60, env_defaults={"PRELOAD_DEFAULT": "set", "PRELOAD_PROBE": "lost"})
+    time.sleep(8)  # the models build here: the engine process's imports run meanwhile
+    asked = time.time()
+    engine = build_hosted_engine(spawned, _dict_engine, (every,), SHAPES, torch.float32)
+    out = engine.generate(RolloutBatch(torch.tensor([[4, 5]]), torch.tensor([2])), SamplingParams(max_new_tokens=1))
+    engine.close()
+    broken = spawn_engine_process(mesh, torch.device("cpu"), preload=("tests.rollout.no_such_module",), timeout_s=60)
+    try:
+        build_hosted_engine(broken, _dict_engine, (every,), SHAPES, torch.float32)
+        failure = ""
+    except EngineProcessError as e:
+        failure = str(e)
+    return asked, out.tokens.tolist(), failure
+
+
+def test_engine_process_imports_while_the_models_build_and_reports_import_failures_at_build(tmp_path):
+    probe = tmp_path / "imported.json"
+    asked, tokens, failure = run_distributed(_spawned_early, world_size=1, args=(str(probe),), timeout_s=240)[0]
+    imported = json.loads(probe.read_text())
+    assert imported["at"] < asked  # the engine's imports ran before the engine was asked for
+    assert imported["default"] == "set" and imported["probe"] == str(probe)  # the job's own variable wins
+    assert tokens == [[5, 6]]  # and the engine built afterwards works
+    assert "before the engine build" in failure and "No module named 'tests.rollout.no_such_module'" in failure
+
+
 # ---- a native engine hosted on a subset of the ranks ---------------------------------------------------
 def _native_engine(hf_dir: str, mesh):
     """Runs in the engine process: the native engine at the mesh's TP, random weights until the bridge writes."""

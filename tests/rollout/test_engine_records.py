@@ -51,4 +51,4 @@ def test_vllm_builder_refuses_a_machine_without_cuda():
     setup = EngineSetup(rollout=RolloutConfig(engine="vllm"), mesh=RoleMesh("rollout", (0,), 1, 1, 1), groups=None,
                         hf_dir="unused", dtype=torch.bfloat16, device=torch.device("cpu"), seed=0)
     with pytest.raises(UserError, match=r"^rollout\.engine: vllm runs on CUDA GPUs only and this machine has none"):
-        resolve_builder(get_engine("vllm").builder).build(setup, bridge=None)
+        resolve_builder(get_engine("vllm").builder).start(setup)
