@@ -9,7 +9,6 @@ can resume from its output directory does, after its checkpoint was checked agai
 
 from __future__ import annotations
 
-import os
 import shlex
 import signal
 import sys
@@ -18,14 +17,14 @@ from pathlib import Path
 from hybridflow.algorithms import check_algorithm
 from hybridflow.config import ExperimentConfig, load_experiment, split_argv
 from hybridflow.errors import cli_errors
-from hybridflow.launch import LaunchError, LaunchInterrupted, detect_launcher, launch_local
+from hybridflow.launch import LauncherEnv, LaunchError, LaunchInterrupted, detect_launcher, launch_local
 from hybridflow.launch.command_help import config_parser, job_config_yaml, parse_config_args
 from hybridflow.launch.known_warnings import quiet_known_noise
 from hybridflow.placement import Plan, plan_placement
 from hybridflow.placement.report import plan_summary
 from hybridflow.trainer import resume
-from hybridflow.trainer.plan_file import read_plan, write_plan
-from hybridflow.trainer.preflight import preflight
+from hybridflow.trainer.plan_file import plan_path, read_plan, write_plan
+from hybridflow.trainer.preflight import check_devices, preflight
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -35,7 +34,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="plan, check and write <trainer.output_dir>/plan.json for ranks that srun or torchrun "
                              "start, then exit")
     args = parse_config_args(parser, argv)
-    first = os.environ.get("RANK", "0") == "0"  # under torchrun/srun every rank runs this: say things once
+    launcher = None if args.plan_only else detect_launcher()  # None: this process plans (and launches)
+    first = launcher is None or launcher.rank == 0  # under torchrun/srun every rank runs this: say things once
     cfg, start_step, offset = None, 0, 0
     try:
         with cli_errors():
@@ -45,21 +45,25 @@ def main(argv: list[str] | None = None) -> None:
             if args.cfg:
                 print(job_config_yaml(cfg), end="")
                 return
-            rank_of_launcher = detect_launcher() is not None and not args.plan_only
-            plan = read_plan(cfg) if rank_of_launcher else plan_placement(cfg)  # planned once, by the launcher
-            notes = preflight(cfg, plan)
+            if launcher is None:
+                plan = plan_placement(cfg)
+                notes = preflight(cfg, plan)
+            else:  # a rank of torchrun/srun: the `--plan-only` step planned and checked the data already
+                plan = read_plan(cfg)
+                check_devices(cfg, plan)
+                notes = []
             start_from = resume.resume_point(cfg)
             if start_from is not None:
                 resume.check_resumable(start_from, cfg, plan)
                 start_step = resume.checkpoint_step(start_from)
-            if not rank_of_launcher:  # checked: the ranks (local, or srun's after --plan-only) load this
+            if launcher is None:  # checked: the ranks (local, or srun's after --plan-only) load this
                 plan_file = write_plan(cfg, plan)
             if start_from is not None and start_step >= cfg.trainer.total_steps:
-                if first:
+                if launcher is None:  # the ranks' `--plan-only` step said it
                     print(resume.complete_line(start_from, cfg), flush=True)
                 return
             out = Path(cfg.trainer.output_dir)
-            if first:
+            if launcher is None:
                 print(f"hybridflow run: experiment {cfg.name}\n  plan:   {plan_summary(plan)}\n"
                       f"  output: {out.resolve()}", *notes, sep="\n", flush=True)
                 if start_from is not None:
@@ -68,11 +72,14 @@ def main(argv: list[str] | None = None) -> None:
                 if previous is not None:
                     print(f"  starting over (trainer.resume=never): the previous run's checkpoints and metrics "
                           f"are in {previous}", flush=True)
+            elif first:  # the header came from the `--plan-only` step
+                print(f"hybridflow run: {launcher.world_size} ranks started by {launcher.launcher}, "
+                      f"with {plan_path(cfg)}", flush=True)
             if args.plan_only:
                 print(f"  wrote {plan_file}", flush=True)
                 return
             offset = resume.metrics_size(out)
-            _launch(cfg, plan, experiment, overrides)
+            _launch(cfg, plan, experiment, overrides, launcher)
     except (KeyboardInterrupt, LaunchInterrupted) as err:
         if first:
             # On a line of its own: rank 0's progress bar may have left the cursor mid-line.
@@ -89,14 +96,15 @@ def _interrupted(cfg: ExperimentConfig | None, argv: list[str], start_step: int,
     return resume.interrupted_line(step, cfg, shlex.join(["python", "-m", "hybridflow.run", *argv]))
 
 
-def _launch(cfg: ExperimentConfig, plan: Plan, experiment: str | None, overrides: list[str]) -> None:
+def _launch(cfg: ExperimentConfig, plan: Plan, experiment: str | None, overrides: list[str],
+            launcher: LauncherEnv | None) -> None:
     """Train: in this process under torchrun/srun, else in one local process per planned rank."""
     log_dir = Path(cfg.trainer.output_dir) / "logs"
     quiet_known_noise(log_dir=log_dir)
     # Imported only now: megatron-core's import-time warnings should not bury a bad-input message.
     from hybridflow.trainer.rank_main import rank_main
 
-    if detect_launcher() is not None:
+    if launcher is not None:
         rank_main(experiment, overrides)
         return
     try:

@@ -13,13 +13,8 @@ from hybridflow.rewards import resolve_reward_fn
 from hybridflow.trainer.validation import validation_set, validation_wanted
 
 
-def preflight(cfg: ExperimentConfig, plan: Plan) -> list[str]:
-    """Devices, data, tokenizer (against the model's vocabulary), prompt lengths and the reward function are
-    usable; raises UserError naming the field. Returns notes for the user (over-long prompts dropped).
-
-    The prompts go through the same loader the ranks build (chat template, `data.overlong_prompts`, batch
-    size), so a dataset the ranks would refuse is refused here, before the output directory exists.
-    """
+def check_devices(cfg: ExperimentConfig, plan: Plan) -> None:
+    """This machine has the GPUs per node the plan places ranks on; raises UserError naming the field."""
     if cfg.cluster.gpu_type != "cpu":
         have = torch.cuda.device_count()
         if have < plan.gpus_per_node:
@@ -27,6 +22,16 @@ def preflight(cfg: ExperimentConfig, plan: Plan) -> list[str]:
                 f"cluster.gpus_per_node: the experiment needs {plan.gpus_per_node} GPUs per node, this machine "
                 f"has {have}; run on a machine with them or use +experiment=tiny_cpu"
             )
+
+
+def preflight(cfg: ExperimentConfig, plan: Plan) -> list[str]:
+    """Devices, data, tokenizer (against the model's vocabulary), prompt lengths and the reward function are
+    usable; raises UserError naming the field. Returns notes for the user (over-long prompts dropped).
+
+    The prompts go through the same loader the ranks build (chat template, `data.overlong_prompts`, batch
+    size), so a dataset the ranks would refuse is refused here, before the output directory exists.
+    """
+    check_devices(cfg, plan)
     dataset = load_prompt_dataset(cfg.data.source, cfg.data.prompt_key, seed=cfg.trainer.seed)
     tokenizer = check_run_tokens(cfg).tokenizer
     d = cfg.data

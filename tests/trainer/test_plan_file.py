@@ -103,3 +103,35 @@ def test_plan_only_writes_the_plan_a_launched_rank_accepts(tmp_path, monkeypatch
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "planned for another config" in err[0], err
+
+
+@pytest.mark.parametrize("launcher_env", [
+    {"RANK": "{rank}", "WORLD_SIZE": "4"},  # torchrun
+    {"SLURM_PROCID": "{rank}", "SLURM_NTASKS": "4", "SLURM_STEP_ID": "0", "SLURM_NODEID": "0",  # srun
+     "SLURM_LOCALID": "{rank}", "SLURM_NNODES": "1", "MASTER_ADDR": "127.0.0.1"},
+])
+def test_launched_ranks_say_one_line_from_rank_0_and_leave_the_data_to_the_plan_step(tmp_path, monkeypatch, capsys,
+                                                                                    launcher_env):
+    import hybridflow.run as run_module
+
+    main = run_module.main
+    args = ["+experiment=tiny_cpu", f"trainer.output_dir={tmp_path}"]
+    main([*args, "--plan-only"])
+    assert capsys.readouterr().out.count("hybridflow run: experiment tiny_cpu") == 1
+
+    def no_preflight(*a, **k):
+        raise AssertionError("a launched rank tokenized the dataset again")
+
+    monkeypatch.setattr(run_module, "preflight", no_preflight)
+    monkeypatch.setattr(run_module, "_launch", lambda *a, **k: None)
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    said = []
+    for rank in range(4):
+        for key, value in launcher_env.items():
+            monkeypatch.setenv(key, value.format(rank=rank))
+        main(args)
+        said.append(capsys.readouterr().out)
+    kind = "torchrun" if "RANK" in launcher_env else "slurm"
+    assert said[0] == f"hybridflow run: 4 ranks started by {kind}, with {plan_path(_cfg(tmp_path))}\n"
+    assert said[1:] == ["", "", ""]  # under srun too, where no RANK variable tells rank 0 apart
