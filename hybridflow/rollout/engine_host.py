@@ -273,7 +273,10 @@ def serve(conn: Any, env: dict[str, str], device_type: str, preload: tuple[str, 
     except Exception:
         failed = traceback.format_exc()
     try:
-        _, (build, args, mesh, layout) = conn.recv()
+        method, payload = conn.recv()
+        if method != "build":  # closed before the engine was asked for (the models failed to build)
+            return
+        build, args, mesh, layout = payload
         staging = conn.recv()
     except EOFError:  # the training rank went away before asking for the engine
         return

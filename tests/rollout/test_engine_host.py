@@ -122,7 +122,7 @@ def _spawned_early(probe: str):
     import time
 
     from hybridflow.placement import RoleMesh
-    from hybridflow.rollout.engine_host import EngineProcessError, build_hosted_engine, spawn_engine_process
+    from hybridflow.rollout.engine_host import EngineProcessError, _stop, build_hosted_engine, spawn_engine_process
 
     os.environ["PRELOAD_PROBE"] = probe
     mesh = RoleMesh("rollout", (0,), tp=1, pp=1, dp=1)
@@ -134,22 +134,26 @@ def _spawned_early(probe: str):
     engine = build_hosted_engine(spawned, _dict_engine, (every,), SHAPES, torch.float32)
     out = engine.generate(RolloutBatch(torch.tensor([[4, 5]]), torch.tensor([2])), SamplingParams(max_new_tokens=1))
     engine.close()
+    unused = spawn_engine_process(mesh, torch.device("cpu"), timeout_s=60)  # the models failed: never built
+    _stop(unused.process, unused.conn)  # what the exit hook does
     broken = spawn_engine_process(mesh, torch.device("cpu"), preload=("tests.rollout.no_such_module",), timeout_s=60)
     try:
         build_hosted_engine(broken, _dict_engine, (every,), SHAPES, torch.float32)
         failure = ""
     except EngineProcessError as e:
         failure = str(e)
-    return asked, out.tokens.tolist(), failure
+    return asked, out.tokens.tolist(), failure, unused.process.exitcode
 
 
 def test_engine_process_imports_while_the_models_build_and_reports_import_failures_at_build(tmp_path):
     probe = tmp_path / "imported.json"
-    asked, tokens, failure = run_distributed(_spawned_early, world_size=1, args=(str(probe),), timeout_s=240)[0]
+    asked, tokens, failure, unused_exit = run_distributed(_spawned_early, world_size=1, args=(str(probe),),
+                                                          timeout_s=240)[0]
     imported = json.loads(probe.read_text())
     assert imported["at"] < asked  # the engine's imports ran before the engine was asked for
     assert imported["default"] == "set" and imported["probe"] == str(probe)  # the job's own variable wins
     assert tokens == [[5, 6]]  # and the engine built afterwards works
+    assert unused_exit == 0  # a process closed before its build ends cleanly
     assert "before the engine build" in failure and "No module named 'tests.rollout.no_such_module'" in failure
 
 
