@@ -284,7 +284,7 @@ def rule_shapes(cfg: dict, tp: int, vocab_pad: int) -> dict[str, list[int]]:
     hidden, heads, kv, inter = (
         cfg[k] for k in ("hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size")
     )
-    head_dim = hidden // heads
+    head_dim = cfg.get("head_dim", hidden // heads)  # Qwen3's checkpoints name it (32 here, not 64 // 4)
     kv_per_rank = max(kv // tp, 1)  # below one head per rank, heads are replicated
     qkv_rows = (heads // tp + 2 * kv_per_rank) * head_dim
     vocab_rows = math.ceil(cfg["vocab_size"] / vocab_pad) * vocab_pad // tp
@@ -297,12 +297,14 @@ def rule_shapes(cfg: dict, tp: int, vocab_pad: int) -> dict[str, list[int]]:
             f"{p}.input_layernorm.weight": [hidden],
             f"{p}.post_attention_layernorm.weight": [hidden],
             f"{p}.self_attn.qkv_proj.weight": [qkv_rows, hidden],
-            f"{p}.self_attn.o_proj.weight": [hidden, hidden // tp],
+            f"{p}.self_attn.o_proj.weight": [hidden, heads * head_dim // tp],
             f"{p}.mlp.gate_up_proj.weight": [2 * inter // tp, hidden],
             f"{p}.mlp.down_proj.weight": [hidden, inter // tp],
         }
         if cfg["architecture"] == "Qwen2ForCausalLM":
             shapes[f"{p}.self_attn.qkv_proj.bias"] = [qkv_rows]
+        if cfg["architecture"] == "Qwen3ForCausalLM":  # one RMSNorm over a head's dims, whole on every rank
+            shapes |= {f"{p}.self_attn.q_norm.weight": [head_dim], f"{p}.self_attn.k_norm.weight": [head_dim]}
     return shapes
 
 

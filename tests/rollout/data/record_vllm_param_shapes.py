@@ -4,11 +4,12 @@ Run with a Python that has vLLM installed (not the project's venv; see tests/rol
 
     python tests/rollout/data/record_vllm_param_shapes.py [--out tests/rollout/data/vllm_param_shapes.json]
 
-For each tiny model (a GQA Llama with untied embeddings and a Qwen2 with qkv bias, one KV head and tied
-embeddings) and each TP size (1, 2) it forks TP gloo ranks on CPU, builds vLLM's model class inside vLLM's
-own parallel state, loads a random HF checkpoint through `model.load_weights`, and checks every parameter
-against a reconstruction written from the layout rules alone (qkv = [q; k; v] of this rank, gate_up =
-[gate; up], vocab padded to 64 and split in rows, o/down split on the input dim). The JSON it writes lets CI
+For each tiny model (a GQA Llama with untied embeddings, a Qwen2 with qkv bias, one KV head and tied
+embeddings, a Qwen3 with q/k norms and head_dim 32 != hidden / heads) and each TP size (1, 2) it forks TP
+gloo ranks on CPU, builds vLLM's model class inside vLLM's own parallel state, loads a random HF checkpoint
+through `model.load_weights`, and checks every parameter against a reconstruction written from the layout
+rules alone (qkv = [q; k; v] of this rank, gate_up = [gate; up], vocab padded to 64 and split in rows, o/down
+split on the input dim). The JSON it writes lets CI
 check the bridge's vLLM layout without vLLM installed.
 """
 
@@ -51,6 +52,18 @@ TINY_MODELS = {
         vocab_size=130,
         tie_word_embeddings=True,
     ),
+    # q/k RMSNorms per head and an explicit head_dim unlike hidden / heads (as Qwen3's checkpoints have)
+    "qwen3_head_dim32": dict(
+        architecture="Qwen3ForCausalLM",
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        vocab_size=100,
+        tie_word_embeddings=True,
+    ),
 }
 
 
@@ -59,7 +72,7 @@ def write_hf_checkpoint(spec: dict, out_dir: Path) -> dict[str, torch.Tensor]:
     its state dict."""
     from tests.megatron_adapters.tiny_hf_models import save_tiny_model
 
-    kind = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}[spec["architecture"]]
+    kind = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}[spec["architecture"]]
     fields = {k: v for k, v in spec.items() if k != "architecture"}
     model = save_tiny_model(kind, out_dir, max_position_embeddings=128, **fields)
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -68,7 +81,7 @@ def write_hf_checkpoint(spec: dict, out_dir: Path) -> dict[str, torch.Tensor]:
 def expected_shard(name: str, hf: dict[str, torch.Tensor], spec: dict, tp: int, rank: int) -> torch.Tensor:
     """This TP rank's tensor for vLLM parameter `name`, built from the HF weights by the layout rules."""
     heads, kv_heads = spec["num_attention_heads"], spec["num_key_value_heads"]
-    head_dim = spec["hidden_size"] // heads
+    head_dim = spec.get("head_dim", spec["hidden_size"] // heads)
 
     def rows(t: torch.Tensor, parts: int, index: int) -> torch.Tensor:
         return t.chunk(parts, dim=0)[index]
@@ -97,7 +110,7 @@ def expected_shard(name: str, hf: dict[str, torch.Tensor], spec: dict, tp: int, 
         return torch.cat([rows(hf[f"{base}.gate_proj.{leaf}"], tp, rank), rows(hf[f"{base}.up_proj.{leaf}"], tp, rank)])
     if name.endswith((".self_attn.o_proj.weight", ".mlp.down_proj.weight")):
         return hf[name].chunk(tp, dim=1)[rank]
-    return hf[name]  # norms: whole on every rank
+    return hf[name]  # norms (also Qwen3's per-head q/k norms): whole on every rank
 
 
 def rank_main(rank: int, tp: int, port: int, spec: dict, ckpt: str, hf: dict, out: dict) -> None:
