@@ -435,6 +435,17 @@ def test_real_vllm_accepts_our_sampling_and_engine_args():
 
 
 @needs_vllm
+def test_real_vllm_has_the_modules_the_engine_process_imports_early():
+    import importlib
+
+    from hybridflow.rollout.vllm_engine import VLLM_IMPORTS
+
+    for module in VLLM_IMPORTS:  # a missing one would fail every vLLM run at the engine build
+        importlib.import_module(module)
+    assert hasattr(importlib.import_module(VLLM_IMPORTS[0]), "LLM")
+
+
+@needs_vllm
 @pytest.mark.slow
 @pytest.mark.parametrize("tp", [1, 2])
 def test_real_vllm_model_classes_load_into_the_recorded_layout(tp, monkeypatch):
