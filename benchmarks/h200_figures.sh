@@ -84,9 +84,16 @@ for s in "${stages[@]}"; do
             ${THROUGHPUT_ARGS:-}
         rm -rf "$work"/throughput/*/checkpoints "$work"/throughput/*/final_hf "$work"/throughput/*/init_model ;;
     trl)
+        # TRL_OUT outside $work (say /tmp/race3b) outlives this call while the machine stays warm: a later call
+        # with `--sides trl` (or another engine) adds to the same compare.json and reuses its checkpoint.
+        race="${TRL_OUT:-$work/trl}"
         # shellcheck disable=SC2086  # TRL_ARGS is a list of flags
-        stage trl "${TRL_S:-420}" python3 -m benchmarks.trl_compare --out "$work/trl" ${TRL_ARGS:-}
-        rm -rf "$work"/trl/model "$work"/trl/hybridflow/checkpoints "$work"/trl/hybridflow/final_hf ;;
+        stage "trl-$(basename "$race")" "${TRL_S:-420}" python3 -m benchmarks.trl_compare --out "$race" ${TRL_ARGS:-}
+        rm -rf "$race"/hybridflow/*/checkpoints "$race"/hybridflow/*/final_hf "$race"/hybridflow/*/init_model
+        [ -n "${TRL_OUT:-}" ] || rm -rf "$race/model"
+        tar -czf "$out/$(basename "$race").tar.gz" -C "$(dirname "$race")" --exclude='model' --exclude='*.json.gz' \
+            --exclude='*.safetensors' --exclude='*.distcp' --exclude='tensorboard' --exclude='trl_output' \
+            "$(basename "$race")" ;;
     calibrate)
         # Forward + backward (train_mfu), a forward over full sequences (infer_mfu) and over 1024-token
         # prompts (prefill_mfu), and native decode, at the Llama-3-8B shape; the 1.5B shape for comparison.

@@ -47,6 +47,9 @@ class SharedWork:
     # TRL's generation: "vllm-colocate" (use_vllm=True, vllm_mode="colocate": what TRL users pick for speed)
     # or "hf" (transformers generate)
     trl_generation: str = "vllm-colocate"
+    # TRL's policy weights: "fp32" under the Trainer's bf16 autocast (mixed precision, as hybridflow's fp32 master
+    # weights; the default) or "bf16" (pure bf16: faster, but lr-sized updates round away, see run_trl)
+    trl_dtype: str = "fp32"
 
     @property
     def samples(self) -> int:
@@ -173,7 +176,8 @@ def run_trl(work: SharedWork, output_dir: str) -> dict:
     # fp32 weights, bf16 autocast (GRPOConfig bf16=True): the Trainer's mixed precision, as hybridflow keeps fp32
     # master weights. Loaded in bf16, AdamW's ~lr-sized updates (1e-6..1e-5) round away against bf16 weights
     # (spacing ~1e-4 at |w| ~ 0.02): on the H200 (2026-12-04) such a TRL run did not learn at all.
-    model = AutoModelForCausalLM.from_pretrained(work.model_dir, dtype=torch.float32)
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[work.trl_dtype]
+    model = AutoModelForCausalLM.from_pretrained(work.model_dir, dtype=dtype)
     tokens_per_rl_step: list[int] = []
 
     def answer_reward(prompts, completions, completion_ids, answer, **_):
@@ -223,6 +227,7 @@ def run_trl(work: SharedWork, output_dir: str) -> dict:
     import trl
 
     how = "vLLM colocate" if work.trl_generation == "vllm-colocate" else "transformers generate"
+    how += ", pure bf16 weights" if work.trl_dtype == "bf16" else ""
     return {"framework": f"trl {trl.__version__} GRPOTrainer ({how})", "timed_steps": len(step_s),
             "step_time_s": sum(step_s) / len(step_s), "tokens_per_step": sum(tokens) / len(tokens),
             "throughput_tokens_per_s": sum(tokens) / sum(step_s),

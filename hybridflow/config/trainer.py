@@ -51,6 +51,9 @@ class TrainerConfig:
     # 1: one-step-off asynchronous rollout (the rollout generates batch k+1 with the weights of step k-1 while
     # the actor trains on batch k); needs the rollout on GPUs the actor does not hold. 0: on-policy.
     rollout_lag: int = bounded(0, ge=0, le=1)
+    # N > 0: torch.profiler over RL step N (1-based, as logged) on every rank: a Chrome trace and a per-stage op
+    # table in <output_dir>/profile/ (hybridflow/trainer/profiling.py). 0 = off.
+    profile_step: int = bounded(0, ge=0)
 
 
 @dataclass

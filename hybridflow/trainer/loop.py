@@ -17,6 +17,7 @@ from hybridflow.roles.model_role import copy_weights
 from hybridflow.trainer import checkpointing
 from hybridflow.trainer.build import build_run
 from hybridflow.trainer.metrics import MetricsLog
+from hybridflow.trainer.profiling import profiled
 from hybridflow.trainer.resume import fingerprint, resume_point
 from hybridflow.trainer.samples import sample_records
 from hybridflow.trainer.validation import Validator
@@ -100,7 +101,9 @@ def train(cfg: ExperimentConfig, plan: Plan) -> dict[str, float]:
         trainer.prime(draw(), draw)
     metrics: dict[str, float] = {}
     for step in range(start, cfg.trainer.total_steps):
-        metrics = trainer.step(draw(), draw)
+        profile_dir = work_dir / "profile" if step + 1 == cfg.trainer.profile_step else None
+        with profiled(profile_dir, step + 1, dist.get_rank()):
+            metrics = trainer.step(draw(), draw)
         log.log(step + 1, metrics)
         if cfg.trainer.log_samples_every and (step + 1) % cfg.trainer.log_samples_every == 0:
             log_samples(trainer.last_batch, step + 1, "train")

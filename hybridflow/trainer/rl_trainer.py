@@ -91,7 +91,8 @@ class StageTimer:
     @contextmanager
     def __call__(self, stage: str) -> Iterator[None]:
         start = time.perf_counter()
-        yield
+        with torch.profiler.record_function(f"stage/{stage}"):  # a profiled step's ranges (trainer/profiling.py)
+            yield
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - start

@@ -57,6 +57,47 @@ def test_dry_run_composes_hybridflow_config_and_grpo_kwargs(tmp_path, capsys):
     assert not list((tmp_path / "dry_run_model").glob("*.safetensors"))  # no weights on a dry run
 
 
+def test_dry_run_takes_a_model_shape_and_one_run_per_engine(tmp_path, capsys):
+    """--model shapes the checkpoint and the run; every --placement entry is planned before anything runs."""
+    assert trl_compare.main(["--out", str(tmp_path), "--dry-run", "--model", "llama3_2_3b",
+                             "--placement", "colocated:megatron,colocated:vllm"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["hybridflow_overrides"][0] == "model=llama3_2_3b"
+    assert (shown["hybridflow_resolved"]["hidden_size"], shown["hybridflow_resolved"]["layers"]) == (3072, 28)
+    config = json.loads((tmp_path / "dry_run_model" / "config.json").read_text())
+    assert (config["hidden_size"], config["num_hidden_layers"], config["num_attention_heads"]) == (3072, 28, 24)
+
+
+def test_sides_from_separate_calls_meet_in_one_comparison(tmp_path):
+    """A hybridflow run per engine and a TRL run written by different calls give one table with a ratio per run."""
+    work = _work()
+    for placement, tps in (("colocated:megatron", 300.0), ("colocated:vllm", 200.0)):
+        run = {"placement": placement, "status": "measured", "command": "python -m hybridflow.run",
+               "measured": {"throughput_tokens_per_s": tps, "step_time_s": 1.0, "tokens_per_step": tps,
+                            "peak_memory_gib": 1.0, "stage_time_s": {}, "actor_update": {}}}
+        (tmp_path / f"hybridflow_{placement.replace(':', '_')}.json").write_text(json.dumps(run))
+    (tmp_path / "hybridflow_colocated_split.json").write_text(json.dumps({"placement": "x", "status": "failed"}))
+    (tmp_path / "trl_spec.json").write_text(json.dumps({"prompts": 8}))
+    assert trl_compare.collect(tmp_path, work)["ratio"] == {"colocated:megatron": {}, "colocated:vllm": {}}
+    for file, tps in (("trl.json", 100.0), ("trl_bf16.json", 150.0)):
+        (tmp_path / file).write_text(json.dumps({"throughput_tokens_per_s": tps, "step_time_s": 3.0,
+                                                 "tokens_per_step": 300.0, "framework": file}))
+    result = trl_compare.collect(tmp_path, work)
+    assert result["ratio"] == {"colocated:megatron": {"trl": 3.0, "trl_bf16": 2.0},
+                               "colocated:vllm": {"trl": 2.0, "trl_bf16": 200 / 150}}
+    table = trl_compare.compare_markdown(result)
+    assert "| hybridflow colocated:megatron | 300 | 1.00 | 300 | 1.0 | **3.00x** | **2.00x** |" in table
+    assert "| trl.json | 100 | 3.00 | 300 | - | - | - |" in table and "| vs trl | vs trl_bf16 |" in table
+    assert trl_compare.trl_file(work) == "trl.json"
+    assert trl_compare.trl_file(_work(trl_dtype="bf16")) == "trl_bf16.json"
+
+
+def test_bad_sides_is_one_line_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        trl_compare.main(["--out", str(tmp_path), "--dry-run", "--sides", "verl"])
+    assert exc.value.code == 2 and "--sides" in capsys.readouterr().err
+
+
 def test_bad_flag_combination_is_one_line_error(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         trl_compare.main(["--out", str(tmp_path), "--dry-run", "--mini-batch", "6", "--micro-batch", "4"])

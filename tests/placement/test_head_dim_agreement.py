@@ -70,3 +70,18 @@ def test_qwen3_0_6b_plans_with_hf_parameter_count(tmp_path):
     out = tmp_path / "plan.json"
     assert plan.main(["+experiment=ppo_llama_1b_h200", "model=qwen3_0_6b", "--out", str(out)]) == 0
     assert json.loads(out.read_text())["meshes"]["actor"]["tp"] == 1
+
+
+def test_llama3_2_3b_preset_has_hf_parameter_count():
+    """conf/model/llama3_2_3b (issue #29's >= 3B race shape): the planner counts Llama-3.2-3B's 3,212,749,824
+    parameters, which is also HF transformers' count of that config (built on the meta device)."""
+    import torch
+    import transformers
+
+    cfg = load_experiment("ppo_llama_1b_h200", ["model=llama3_2_3b"])
+    hf = {k: getattr(cfg.model, k) for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                                            "num_attention_heads", "num_key_value_heads", "vocab_size",
+                                            "tie_word_embeddings")}
+    with torch.device("meta"):
+        reference = transformers.AutoModelForCausalLM.from_config(transformers.LlamaConfig(**hf))
+    assert stage_params(cfg.model, "actor", 1, 1, 0) == sum(p.numel() for p in reference.parameters()) == 3_212_749_824
