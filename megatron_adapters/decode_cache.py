@@ -7,8 +7,11 @@ column being decoded is a device tensor (`DecodeCache.start`), so one captured g
 - `KVCacheAttention` (layer spec "decode") is `SdpaCoreAttention` that, while a cache is attached, writes the
   fed keys/values at their columns and attends a decode token over the first `attend_len` cached columns
   (masked past the token's own column).
-- `PositionedRotary` stands in for the model's rotary embedding while a cache is attached: the angles of the
-  fed tokens' true columns, read from a table with the device-side start column.
+- `PositionedRotary` stands in for the model's rotary embedding while a cache is attached: it reads the cos and
+  sin of the fed tokens' true columns (device-side start column) from tables made once per generation, and
+  `KVCacheAttention` rotates queries and keys with them (`rotate`). megatron's unfused RoPE would recompute cos
+  and sin from the angles in every layer, 12 small kernels per tensor: at decode sizes those launches, not the
+  arithmetic, are the cost (a 1B decode step is ~600 kernels), and `rotate` takes 4.
 - `attach_decode_cache(model, batch, max_len)` wires both in for one generation and takes them out after.
 - `last_position_logits(model)`: while active, the output layer sees only the last position, so a prefill
   does not materialize [batch, prompt, vocab] logits to use one column of them.
@@ -22,6 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 
 from megatron_adapters.sdpa_attention import SdpaCoreAttention
 
@@ -40,6 +44,14 @@ class DecodeCache:
     keys: list[torch.Tensor] = field(default_factory=list)
     values: list[torch.Tensor] = field(default_factory=list)
     allowed: torch.Tensor | None = None  # this decode step's key mask, built by the first layer
+    rotary: tuple[torch.Tensor, torch.Tensor] | None = None  # this forward's (cos, signed sin), see `rotate`
+
+
+def rotate(t: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """megatron's unfused RoPE (non-interleaved, over the whole head dim) of `t` [s, b, heads, dim], bit for bit:
+    t * cos + rotate_half(t) * sin, where rotate_half(t) * sin = [-t2 * sin1, t1 * sin2] is
+    roll(t, dim / 2) * [-sin1, sin2] (a sign moved between factors is exact)."""
+    return t * cos + t.roll(t.shape[-1] // 2, dims=-1) * signed_sin
 
 
 class KVCacheAttention(SdpaCoreAttention):
@@ -57,6 +69,8 @@ class KVCacheAttention(SdpaCoreAttention):
             return super().forward(query, key, value, attention_mask, attn_mask_type, attention_bias,
                                    packed_seq_params)
         sq, b, heads, dim = query.shape
+        cos, signed_sin = cache.rotary
+        query, key = rotate(query, cos, signed_sin), rotate(key, cos, signed_sin)
         cached_k, cached_v = cache.keys[self.layer_slot], cache.values[self.layer_slot]
         columns = cache.start + torch.arange(sq, device=query.device)
         cached_k.index_copy_(2, columns, key.permute(1, 2, 0, 3))
@@ -79,20 +93,32 @@ class KVCacheAttention(SdpaCoreAttention):
 
 
 class PositionedRotary(torch.nn.Module):
-    """The rotary angles of columns [start, start + n) for a forward over n fed tokens."""
+    """Stands in for the model's rotary embedding while a cache is attached: puts the cos and signed sin of
+    columns [start, start + n) on the cache for `KVCacheAttention` to rotate with, and gives megatron no angles
+    (so its own RoPE is skipped)."""
 
-    def __init__(self, rotary: torch.nn.Module, cache: DecodeCache):
+    def __init__(self, rotary: torch.nn.Module, cache: DecodeCache, dtype: torch.dtype, head_dim: int):
         super().__init__()
+        angles = rotary(cache.max_len)  # [max_len, 1, 1, dim] fp32, megatron's own angles
+        # RotaryEmbedding exactly: YaRN (a subclass) scales cos / sin, which `rotate` does not
+        if type(rotary) is not RotaryEmbedding or rotary.rotary_interleaved or angles.shape[-1] != head_dim:
+            raise ValueError(f"rotary: the native rollout engine rotates like Llama (non-interleaved RoPE over "
+                             f"the whole head); this model's {type(rotary).__name__} is not supported")
         self._rotary = (rotary,)  # not a submodule: it goes back in place afterwards
-        self.table = rotary(cache.max_len)  # [max_len, 1, 1, dim], megatron's own angles
+        half = angles.shape[-1] // 2
+        sin = angles.sin().to(dtype)  # cast as megatron's unfused RoPE casts: after the fp32 cos / sin
+        self.cos = angles.cos().to(dtype)
+        self.signed_sin = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
         self.cache = cache
-        self.columns = torch.arange(cache.max_len, device=self.table.device)
+        self.columns = torch.arange(cache.max_len, device=angles.device)
 
     def get_rotary_seq_len(self, *args, **kwargs) -> int:
         return self._rotary[0].get_rotary_seq_len(*args, **kwargs)
 
-    def forward(self, max_seq_len: int, offset: int = 0, packed_seq: bool = False, cp_group=None):
-        return self.table.index_select(0, self.cache.start + self.columns[:max_seq_len])
+    def forward(self, max_seq_len: int, offset: int = 0, packed_seq: bool = False, cp_group=None) -> None:
+        rows = self.cache.start + self.columns[:max_seq_len]
+        self.cache.rotary = (self.cos.index_select(0, rows), self.signed_sin.index_select(0, rows))
+        return None
 
 
 @contextlib.contextmanager
@@ -105,13 +131,14 @@ def attach_decode_cache(model: torch.nn.Module, batch: int, max_len: int) -> Ite
     weight = next(model.parameters())
     config = layers[0].config
     cache = DecodeCache(torch.zeros(1, dtype=torch.long, device=weight.device), max_len, max_len)
+    rotary = model.rotary_pos_emb
+    positioned = PositionedRotary(rotary, cache, weight.dtype, config.kv_channels)  # refuses before any change
     for slot, layer in enumerate(layers):
         shape = (batch, layer.groups_per_partition, max_len, config.kv_channels)
         cache.keys.append(torch.zeros(shape, dtype=weight.dtype, device=weight.device))
         cache.values.append(torch.zeros(shape, dtype=weight.dtype, device=weight.device))
         layer.cache, layer.layer_slot = cache, slot
-    rotary = model.rotary_pos_emb
-    model.rotary_pos_emb = PositionedRotary(rotary, cache)
+    model.rotary_pos_emb = positioned
     try:
         yield cache
     finally:

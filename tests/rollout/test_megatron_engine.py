@@ -149,3 +149,34 @@ def test_cuda_graph_decode_equals_eager(hf_model):
                                                                    args=(hf_model[0],), device="cuda")[0]
     assert torch.equal(graph_tok, eager_tok)
     torch.testing.assert_close(graph_lp, eager_lp, atol=1e-5, rtol=0)
+
+
+def _rotations(dtype: torch.dtype):
+    from megatron.core.models.common.embeddings.rope_utils import _apply_rotary_pos_emb_bshd
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+
+    from megatron_adapters.decode_cache import DecodeCache, PositionedRotary, rotate
+
+    rope = RotaryEmbedding(kv_channels=16, rotary_percent=1.0, rotary_base=10000, use_cpu_initialization=True)
+    cache = DecodeCache(torch.tensor([5]), max_len=12, attend_len=12)
+    returned = PositionedRotary(rope, cache, dtype, head_dim=16)(3)
+    t = torch.randn(3, 2, 4, 16, generator=torch.Generator().manual_seed(0)).to(dtype)  # [s, b, heads, dim]
+    want = _apply_rotary_pos_emb_bshd(t, rope(12)[5:8])  # columns 5, 6, 7
+    refused = []
+    for kw in ({"rotary_interleaved": True}, {"rotary_percent": 0.5}):
+        try:
+            PositionedRotary(RotaryEmbedding(**{"kv_channels": 16, "rotary_percent": 1.0, **kw}), cache, dtype, 16)
+        except ValueError as err:
+            refused.append(str(err))
+    return returned, rotate(t, *cache.rotary), want, refused
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_rotation_is_megatrons_rope_bit_for_bit(dtype):
+    """`rotate` with the cos / signed-sin tables `PositionedRotary` makes once per generation equals megatron's
+    unfused RoPE (which recomputes cos and sin per layer), at columns read from the device-side start; RoPE it
+    does not compute (interleaved, partial) is refused."""
+    returned, got, want, refused = run_distributed(_rotations, world_size=1, args=(dtype,))[0]
+    assert returned is None  # megatron gets no angles: it skips its own RoPE
+    assert got.dtype == dtype and torch.equal(got, want)
+    assert len(refused) == 2 and all("rotates like Llama" in r for r in refused)
