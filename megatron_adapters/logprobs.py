@@ -40,9 +40,8 @@ def token_logprobs(
     if temperature <= 0:
         raise ValueError(f"temperature: {temperature} must be > 0; use 1.0 for the model's own distribution")
     if tp_group.size() == 1:
-        if not torch.is_grad_enabled() and logits.dim() > 2:
-            return _in_row_chunks(logits, targets, temperature, with_entropy)
-        return local_token_logprobs(fp32_scaled(logits, temperature), targets, with_entropy)
+        logprobs, entropy = ChunkedLogprobs.apply(logits, targets, temperature)
+        return (logprobs, entropy) if with_entropy else logprobs
     # Division makes a new fp32 tensor: megatron's cross entropy works in place on its input.
     scaled = logits.float() / temperature
     ce_input = scaled.clone() if with_entropy else scaled
@@ -52,44 +51,64 @@ def token_logprobs(
     return logprobs, vocab_parallel_entropy(scaled, tp_group)
 
 
-def local_token_logprobs(
-    logits: torch.Tensor, targets: torch.Tensor, with_entropy: bool = False
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """`token_logprobs` when one rank holds the whole vocabulary: log p = z_target - log Z, entropy
-    log Z - sum_v p_v z_v. No collective, no host read; autograd keeps the logits and the probabilities."""
-    log_z = torch.logsumexp(logits, dim=-1)
-    logprobs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_z
-    if not with_entropy:
-        return logprobs
-    probs = (logits - log_z.unsqueeze(-1)).exp()
-    return logprobs, log_z - (probs * logits).sum(-1)
+# Log-probs are computed this many tokens at a time: the fp32 work tensors of a chunk ([chunk, vocab], a few
+# of them: 1 GiB each at a 128k vocabulary) stay small next to the model-dtype logits of a large micro-batch.
+CHUNK_TOKENS = 2048
 
 
-def fp32_scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """`logits.float() / temperature` with one full-vocabulary fp32 tensor, not two: a bf16 input's fp32 copy
-    is divided in place (the cast's backward needs neither tensor); an fp32 input is never written to."""
-    scaled = logits.float()
-    if temperature == 1.0:
-        return scaled
-    return scaled / temperature if scaled is logits else scaled.div_(temperature)
+def token_chunks(shape: torch.Size) -> list[tuple[slice, slice]]:
+    """(rows, columns) blocks of at most ~CHUNK_TOKENS tokens covering `shape` [b, s, ...]: whole rows while a
+    row fits, else pieces of one row (a packed micro-batch is one long row)."""
+    b, s = shape[0], shape[1]
+    if s <= CHUNK_TOKENS:
+        step = CHUNK_TOKENS // max(s, 1)  # an empty packed micro-batch has s = 0
+        return [(slice(i, i + step), slice(None)) for i in range(0, b, step)]
+    return [(slice(i, i + 1), slice(j, j + CHUNK_TOKENS)) for i in range(b) for j in range(0, s, CHUNK_TOKENS)]
 
 
-# Forward-only passes take log-probs this many tokens at a time: their fp32 copies of the logits stay
-# small next to the model-dtype logits of a large forward micro-batch (roles.<role>.forward_max_tokens).
-CHUNK_TOKENS = 4096
+class ChunkedLogprobs(torch.autograd.Function):
+    """Log-probabilities of `targets` and entropies under `logits / temperature` ([b, s, vocab] -> two [b, s]
+    fp32 tensors) when one rank holds the whole vocabulary: log p_t = z_t - log Z, H = log Z - sum_v p_v z_v.
 
+    Computed in fp32 over `token_chunks`, and differentiated by hand: backward keeps only the logits (in their
+    own dtype, a view is fine) and log Z and H per token, and recomputes each chunk's probabilities. Autograd
+    through the plain formula would keep fp32 copies of the logits and the probabilities ([b, s, vocab] x 8
+    bytes) and peak near 20 bytes per logit in backward: at 16k tokens and a 128k vocabulary ~40 GB, where this
+    keeps the bf16 logits and writes their bf16 gradient (4 bytes per logit). No collective, no host read.
 
-def _in_row_chunks(
-    logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """`local_token_logprobs` over groups of rows of `[b, s, v]` logits (no autograd: nothing is kept)."""
-    step = max(1, CHUNK_TOKENS // logits.shape[1])
-    parts = [local_token_logprobs(fp32_scaled(logits[i : i + step], temperature), targets[i : i + step],
-                                  with_entropy)
-             for i in range(0, logits.shape[0], step)]
-    if not with_entropy:
-        return torch.cat(parts)
-    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+    Gradients, with p = softmax(z), g_t and g_H the incoming gradients of log p_t and H:
+      d log p_t / dz = onehot(t) - p,   dH / dz = -p (log p + H),   d / dlogits = (d / dz) / temperature.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, temperature: float):
+        shape = logits.shape[:-1]
+        logprobs = torch.empty(shape, dtype=torch.float32, device=logits.device)
+        entropy, log_z = torch.empty_like(logprobs), torch.empty_like(logprobs)
+        for block in token_chunks(shape):
+            z = logits[block].to(torch.float32, copy=True).div_(temperature)
+            lz = torch.logsumexp(z, dim=-1)
+            logprobs[block] = z.gather(-1, targets[block].unsqueeze(-1)).squeeze(-1) - lz
+            entropy[block] = lz - (z - lz.unsqueeze(-1)).exp_().mul_(z).sum(-1)
+            log_z[block] = lz
+        ctx.temperature = temperature
+        ctx.save_for_backward(logits, targets, log_z, entropy)
+        return logprobs, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logprobs: torch.Tensor, grad_entropy: torch.Tensor):
+        logits, targets, log_z, entropy = ctx.saved_tensors
+        t = ctx.temperature
+        grad = torch.empty_like(logits)
+        for block in token_chunks(logits.shape[:-1]):
+            log_p = logits[block].to(torch.float32, copy=True).div_(t).sub_(log_z[block].unsqueeze(-1))
+            p = log_p.exp()
+            g_t, g_h = grad_logprobs[block].unsqueeze(-1), grad_entropy[block].unsqueeze(-1)
+            # -p (g_t + g_H (log p + H)), then + g_t at the target; in place on log_p
+            dz = log_p.add_(entropy[block].unsqueeze(-1)).mul_(g_h).add_(g_t).mul_(p).neg_()
+            dz.scatter_add_(-1, targets[block].unsqueeze(-1), g_t)
+            grad[block] = dz.div_(t)
+        return grad, None, None
 
 
 def vocab_parallel_entropy(logits: torch.Tensor, tp_group: dist.ProcessGroup) -> torch.Tensor:
