@@ -52,8 +52,8 @@ def token_logprobs(
 
 
 # Log-probs are computed this many tokens at a time: the fp32 work tensors of a chunk ([chunk, vocab], a few
-# of them: 1 GiB each at a 128k vocabulary) stay small next to the model-dtype logits of a large micro-batch.
-CHUNK_TOKENS = 2048
+# of them: 0.5 GiB each at a 128k vocabulary) stay small next to the model-dtype logits of a large micro-batch.
+CHUNK_TOKENS = 1024
 
 
 def token_chunks(shape: torch.Size) -> list[tuple[slice, slice]]:

@@ -22,8 +22,14 @@ Parts and the rules used (P = parameters held by the GPU: its pipeline stage's s
                `selective` recompute (or flash attention) drops the a*s term; `full` keeps only the layer
                input (h) per layer plus one layer's full activations while it is recomputed.
                Training (1F1B): stage p holds min(pp - p, n_microbatches) micro-batches of its L/pp layers.
-               The LM head's fp32 logits add N x V_padded / t x 4 bytes on the last stage (actor, ref), N the
-               micro-batch's tokens. Forward-only roles (ref, reward) keep one layer's activations plus the logits,
+               The LM head's logits add N x V_padded / t x `logit_bytes` on the last stage (actor, ref), N the
+               micro-batch's tokens: at TP 1 (megatron_adapters.logprobs.ChunkedLogprobs) the model-dtype logits,
+               in an update also their gradient and the copy the slice ModelRole.logprobs takes makes in
+               backward (3 x dtype bytes), plus fp32 work tensors of one chunk (3 x CHUNK_TOKENS x V x 4); at
+               TP > 1 megatron's vocab-parallel cross entropy also holds fp32 copies of the shard (forward:
+               + 8 bytes, the scaled logits and the copy it softmaxes in place; update: + 16, with the
+               entropy's exp and the gradient).
+               Forward-only roles (ref, reward) keep one layer's activations plus the logits,
                for micro-batches of max(micro_batch_size, forward_max_tokens // seq_length) padded rows
                (`roles.<role>.forward_max_tokens`); trained roles take the larger of that forward pass
                (old log-probs, values) and their update.
@@ -243,6 +249,25 @@ def offloaded_share(role_cfg: RoleConfig) -> float:
     return 1.0 if role_cfg.offload_fraction is None else role_cfg.offload_fraction
 
 
+# megatron_adapters.logprobs.CHUNK_TOKENS (tests/placement/test_memory.py ties them; placement imports no adapters)
+LOGPROB_CHUNK_TOKENS = 1024
+
+
+def logit_bytes(model: ModelConfig, tp: int, trained: bool) -> int:
+    """Bytes one token's LM-head logits take on a TP rank while its log-probs are computed (module docstring),
+    without TP 1's chunk work tensors (`logit_chunk_bytes`, once per micro-batch)."""
+    shard = padded_vocab(model, tp) // tp
+    b = DTYPE_BYTES[model.dtype]
+    if tp > 1:
+        return shard * (b + (16 if trained else 8))
+    return shard * (3 * b if trained else b)
+
+
+def logit_chunk_bytes(model: ModelConfig, tp: int) -> int:
+    """TP 1's fp32 work tensors of one log-prob chunk (three [CHUNK_TOKENS, vocab] at once)."""
+    return 3 * LOGPROB_CHUNK_TOKENS * padded_vocab(model, tp) * 4 if tp == 1 else 0
+
+
 def _activation_bytes(
     model: ModelConfig, role: str, dims: ParallelDims, cfg: ExperimentConfig, stage: int, shape: MicroBatchShape
 ) -> int:
@@ -254,14 +279,15 @@ def _activation_bytes(
     seq, mbs = shape.row_tokens, shape.rows
     per_layer = activation_bytes_per_token_layer(model, shape.attention_span, tp, sp, role_cfg.activation_recompute)
     lm_head = role in (Role.ACTOR, Role.REF) and stage == pp - 1
-    logits = seq * mbs * padded_vocab(model, tp) // tp * 4 if lm_head else 0
+    chunk = logit_chunk_bytes(model, tp)
+    logits = seq * mbs * logit_bytes(model, tp, trained=True) + chunk if lm_head else 0
     # Forward-only passes (ref / old log-probs, values, rewards) of padded rows run
     # forward_micro_batch_size rows (`roles.<role>.forward_max_tokens`), at most the replica's samples of the step;
     # packed ones the packed shape.
     step_rows = math.ceil(cfg.data.train_batch_size * cfg.rollout.n_samples_per_prompt / dims.dp)
     fwd_rows = mbs if token_budget(cfg, role) else max(
         role_cfg.micro_batch_size, min(role_cfg.forward_micro_batch_size(cfg.data.seq_length), step_rows))
-    fwd_logits = seq * fwd_rows * padded_vocab(model, tp) // tp * 4 if lm_head else 0
+    fwd_logits = seq * fwd_rows * logit_bytes(model, tp, trained=False) + chunk if lm_head else 0
     if role not in TRAINED_ROLES:
         return int(per_layer * seq * fwd_rows) + fwd_logits
     full_layer = activation_bytes_per_token_layer(model, shape.attention_span, tp, sp, "selective")
