@@ -117,6 +117,11 @@ class HostedEngine:
         self._call("sleep")
 
     def wake_up(self, tags: tuple[str, ...] = ("weights", "kv_cache")) -> None:
+        if self.device.type == "cuda":
+            # What this process freed (an update's activations, the bridge's buckets) stays reserved by torch's
+            # caching allocator, out of the engine process's reach: an H100 run's wake after its first update
+            # found no room for 2.3 GiB of weights. In one process vLLM's own sleep emptied this cache.
+            torch.cuda.empty_cache()
         self._call("wake_up", tuple(tags))
 
     def close(self) -> None:

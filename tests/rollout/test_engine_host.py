@@ -280,3 +280,34 @@ def test_engine_process_under_the_launcher_joins_its_own_world_and_stops_with_it
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(proc.stdout.strip().splitlines()[-1])
     assert results["0"] is None and results["1"] == [1, [[2, 3]], 1.0]
+
+
+class _RecordingConn:
+    """A pipe end that answers every request at once and logs what happened, in order."""
+
+    def __init__(self, events: list[str]):
+        self.events = events
+
+    def send(self, message):
+        self.events.append(f"send {message[0]}")
+
+    def poll(self, timeout):
+        return True
+
+    def recv(self):
+        return "ok", None
+
+
+@pytest.mark.parametrize("device, emptied", [("cuda", True), ("cpu", False)])
+def test_waking_a_hosted_engine_first_hands_back_torchs_cached_memory(monkeypatch, device, emptied):
+    """Memory this process freed stays in torch's caching allocator, where the engine process cannot take it
+    (an H100 run's first wake after an update went out of memory): on a GPU the cache is emptied first."""
+    from hybridflow.rollout.engine_host import HostedEngine
+
+    events: list[str] = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: events.append("empty_cache"))
+    engine = HostedEngine(SimpleNamespace(exitcode=None), _RecordingConn(events), torch.zeros(1),
+                          StagingLayout.of(SHAPES), torch.device(device), timeout_s=1)
+    engine.wake_up(("weights",))
+    engine.sleep()
+    assert events == (["empty_cache"] if emptied else []) + ["send wake_up", "send sleep"]
