@@ -66,6 +66,12 @@ def token_chunks(shape: torch.Size) -> list[tuple[slice, slice]]:
     return [(slice(i, i + 1), slice(j, j + CHUNK_TOKENS)) for i in range(b) for j in range(0, s, CHUNK_TOKENS)]
 
 
+def _scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """fp32 `logits / temperature`, never written to afterwards (`.float()` of fp32 logits is the logits)."""
+    z = logits.float()
+    return z if temperature == 1.0 else z / temperature
+
+
 class ChunkedLogprobs(torch.autograd.Function):
     """Log-probabilities of `targets` and entropies under `logits / temperature` ([b, s, vocab] -> two [b, s]
     fp32 tensors) when one rank holds the whole vocabulary: log p_t = z_t - log Z, H = log Z - sum_v p_v z_v.
@@ -86,7 +92,7 @@ class ChunkedLogprobs(torch.autograd.Function):
         logprobs = torch.empty(shape, dtype=torch.float32, device=logits.device)
         entropy, log_z = torch.empty_like(logprobs), torch.empty_like(logprobs)
         for block in token_chunks(shape):
-            z = logits[block].to(torch.float32, copy=True).div_(temperature)
+            z = _scaled(logits[block], temperature)
             lz = torch.logsumexp(z, dim=-1)
             logprobs[block] = z.gather(-1, targets[block].unsqueeze(-1)).squeeze(-1) - lz
             entropy[block] = lz - (z - lz.unsqueeze(-1)).exp_().mul_(z).sum(-1)
@@ -101,13 +107,13 @@ class ChunkedLogprobs(torch.autograd.Function):
         t = ctx.temperature
         grad = torch.empty_like(logits)
         for block in token_chunks(logits.shape[:-1]):
-            log_p = logits[block].to(torch.float32, copy=True).div_(t).sub_(log_z[block].unsqueeze(-1))
+            log_p = _scaled(logits[block], t) - log_z[block].unsqueeze(-1)  # a new tensor: in place from here
             p = log_p.exp()
-            g_t, g_h = grad_logprobs[block].unsqueeze(-1), grad_entropy[block].unsqueeze(-1)
-            # -p (g_t + g_H (log p + H)), then + g_t at the target; in place on log_p
-            dz = log_p.add_(entropy[block].unsqueeze(-1)).mul_(g_h).add_(g_t).mul_(p).neg_()
-            dz.scatter_add_(-1, targets[block].unsqueeze(-1), g_t)
-            grad[block] = dz.div_(t)
+            # the 1 / temperature of d / dlogits goes on the per-token gradients, not on the [chunk, vocab] tensor
+            g_t, g_h = grad_logprobs[block].unsqueeze(-1) / t, grad_entropy[block].unsqueeze(-1) / t
+            # -p (g_t + g_H (log p + H)), then + g_t at the target
+            dz = log_p.add_(entropy[block].unsqueeze(-1)).mul_(-g_h).sub_(g_t).mul_(p)
+            grad[block] = dz.scatter_add_(-1, targets[block].unsqueeze(-1), g_t)
         return grad, None, None
 
 

@@ -122,19 +122,22 @@ def _chunked(temperature: float, chunk_tokens: int, packed: bool) -> dict:
     logprobs, entropy = lp.token_logprobs(logits, targets, pgs.tp, temperature=temperature, with_entropy=True)
     w_logprob, w_entropy = (w.reshape(logprobs.shape) for w in _weights())
     (logprobs * w_logprob + entropy * w_entropy).sum().backward()
+    unchanged = torch.equal(full.detach()[:, :-1], _full_logits())
     return {"logprobs": logprobs.detach().reshape(3, 5), "entropy": entropy.detach().reshape(3, 5),
-            "grad": full.grad}
+            "grad": full.grad, "unchanged": unchanged}
 
 
-@pytest.mark.parametrize("chunk_tokens, packed", [(10, False), (4, True)])
-def test_tp1_chunks_of_rows_or_of_one_long_row_match_reference_values_and_grads(chunk_tokens, packed):
-    """10 tokens: chunks of 2 rows and 1 row; packed, 4 tokens: a 15-token row in 4 pieces."""
-    (result,) = run_distributed(_chunked, world_size=1, args=(0.7, chunk_tokens, packed))
-    logprobs, entropy, grad = _reference(0.7)
+@pytest.mark.parametrize("chunk_tokens, packed, temperature", [(10, False, 0.7), (4, True, 0.7), (10, False, 1.0)])
+def test_tp1_chunks_of_rows_or_of_one_long_row_match_reference_values_and_grads(chunk_tokens, packed, temperature):
+    """10 tokens: chunks of 2 rows and 1 row; packed, 4 tokens: a 15-token row in 4 pieces; at temperature 1 the
+    fp32 logits themselves are read (and must not be written)."""
+    (result,) = run_distributed(_chunked, world_size=1, args=(temperature, chunk_tokens, packed))
+    logprobs, entropy, grad = _reference(temperature)
     torch.testing.assert_close(result["logprobs"], logprobs, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(result["entropy"], entropy, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(result["grad"][:, :-1], grad, rtol=1e-4, atol=1e-5)
     assert torch.all(result["grad"][:, -1] == 0)  # the column the view left out
+    assert result["unchanged"]  # the model's logits are never written to
 
 
 def _saved_for_backward() -> dict:
