@@ -165,11 +165,12 @@ class EngineProcess:
 
 def spawn_engine_process(mesh: RoleMesh, device: torch.device, preload: tuple[str, ...] = (),
                          timeout_s: float = 1800.0, env_defaults: Mapping[str, str] | None = None,
-                         ) -> EngineProcess | None:
+                         warm: Callable[[], Any] | None = None) -> EngineProcess | None:
     """Start this rank's engine process (None off the rollout). Collective over the job: every rank calls it.
 
-    The process imports `preload` (an engine's heavy modules) and joins the engine world at once, then waits
-    for `build_hosted_engine`: a rank spawns it before building its models, so those imports overlap with
+    The process imports `preload` (an engine's heavy modules), calls `warm` (a picklable callable: work of the
+    engine build that needs no GPU memory, such as filling a cache) and joins the engine world at once, then
+    waits for `build_hosted_engine`: a rank spawns it before building its models, so all that overlaps with
     the model build while the engine itself (and its GPU memory) still comes after the models, as planned.
     `env_defaults` are set in the process where the job's environment does not set them.
     """
@@ -189,7 +190,7 @@ def spawn_engine_process(mesh: RoleMesh, device: torch.device, preload: tuple[st
     engine_mesh = RoleMesh("rollout", tuple(range(mesh.size)), tp=mesh.tp, pp=mesh.pp, dp=mesh.dp)
     ctx = mp.get_context("spawn")
     conn, child_conn = ctx.Pipe()
-    process = ctx.Process(target=serve, args=(child_conn, env, device.type, tuple(preload), timeout_s),
+    process = ctx.Process(target=serve, args=(child_conn, env, device.type, tuple(preload), timeout_s, warm),
                           name=f"rollout-engine-{env['RANK']}")
     process.start()
     child_conn.close()
@@ -252,9 +253,11 @@ def _stop(process: Any, conn: Any) -> None:
 
 
 # ---- the engine process ----------------------------------------------------------------------------
-def serve(conn: Any, env: dict[str, str], device_type: str, preload: tuple[str, ...], timeout_s: float) -> None:
-    """The engine process: import `preload`, join the engine world, wait for the engine to build, build it,
-    then answer calls until `close` or EOF. A failure before the build is answered when the build is asked."""
+def serve(conn: Any, env: dict[str, str], device_type: str, preload: tuple[str, ...], timeout_s: float,
+          warm: Callable[[], Any] | None = None) -> None:
+    """The engine process: import `preload`, call `warm`, join the engine world, wait for the engine to build,
+    build it, then answer calls until `close` or EOF. A failure before the build is answered when the build is
+    asked."""
     from datetime import timedelta
 
     die_with_parent()  # the training rank started us from its main thread: end with it, even on SIGKILL
@@ -271,6 +274,10 @@ def serve(conn: Any, env: dict[str, str], device_type: str, preload: tuple[str, 
         for module in preload:
             importlib.import_module(module)
         took["imports"] = time.perf_counter() - start
+        if warm is not None:
+            start = time.perf_counter()
+            warm()
+            took["warm-up"] = time.perf_counter() - start
         start = time.perf_counter()
         dist.init_process_group("nccl" if cuda else "gloo", init_method="env://", rank=int(env["RANK"]),
                                 world_size=int(env["WORLD_SIZE"]), timeout=timedelta(seconds=timeout_s))

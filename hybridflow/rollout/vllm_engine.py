@@ -14,6 +14,8 @@ when an engine is built, so this module imports without it.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
 import os
 import sys
 import warnings
@@ -297,11 +299,36 @@ class VllmBuilder:
             raise UserError("rollout.engine: vllm runs on CUDA GPUs only and this machine has none visible "
                             "(torch.cuda.is_available() is False); set rollout.engine=megatron (or auto)")
         return spawn_engine_process(setup.mesh, setup.device, preload=VLLM_IMPORTS, timeout_s=setup.timeout_s,
-                                    env_defaults=cache_env())
+                                    env_defaults=cache_env(),
+                                    warm=functools.partial(warm_model_info, checkpoint_architectures(setup.hf_dir)))
 
     def build(self, setup: EngineSetup, bridge: WeightBridge, started: EngineProcess | None) -> HostedEngine | None:
         return build_hosted_engine(started, VllmRolloutEngine.create, (engine_spec(setup),), bridge.bucket_shapes(),
                                    setup.dtype)
+
+
+def checkpoint_architectures(hf_dir: str) -> tuple[str, ...]:
+    """`architectures` of the checkpoint's config.json (what vLLM resolves its model class from)."""
+    return tuple(json.loads((Path(hf_dir) / "config.json").read_text()).get("architectures", ()))
+
+
+def warm_model_info(architectures: tuple[str, ...]) -> None:
+    """Fill vLLM's model-info cache for `architectures` while the models build (run in the engine process by
+    `spawn_engine_process`'s `warm`). On a cache miss (a fresh machine, or a new VLLM_CACHE_ROOT) `LLM(...)`
+    inspects the model class in a new Python process that imports vLLM again: 19 s of a 54.5 s engine build on
+    an H100 (benchmarks/results/race_h100_20261205/). Best effort: if this vLLM answers otherwise, the build
+    does the inspection itself, as before."""
+    from types import SimpleNamespace
+
+    try:
+        from vllm import ModelRegistry
+
+        # The registry reads only these fields of a ModelConfig for an architecture it implements itself.
+        ModelRegistry.inspect_model_cls(list(architectures), SimpleNamespace(
+            model_impl="auto", convert_type="none", runner_type="generate"))
+    except Exception as err:  # noqa: BLE001 - an optimisation: never fail the engine for it
+        print(f"rollout: vLLM's model info was not inspected ahead ({type(err).__name__}: {err}); "
+              "the engine build does it", file=sys.stderr)
 
 
 def cache_env() -> dict[str, str]:

@@ -119,17 +119,20 @@ def test_engine_process_gets_every_bucket_and_reports_errors():
 
 def _spawned_early(probe: str):
     """Spawn with a preload, let "the models build" (a sleep), then build: the preload ran meanwhile."""
+    import functools
     import time
 
     from hybridflow.placement import RoleMesh
     from hybridflow.rollout.engine_host import EngineProcessError, _stop, build_hosted_engine, spawn_engine_process
+    from tests.rollout.warm_probe import record_warm
 
     os.environ["PRELOAD_PROBE"] = probe
     mesh = RoleMesh("rollout", (0,), tp=1, pp=1, dp=1)
     every = {n: s for b in SHAPES for n, s in b.items()}
     spawned = spawn_engine_process(mesh, torch.device("cpu"), preload=("tests.rollout.preload_probe",),
-                                   timeout_s=60, env_defaults={"PRELOAD_DEFAULT": "set", "PRELOAD_PROBE": "lost"})
-    time.sleep(8)  # the models build here: the engine process's imports run meanwhile
+                                   timeout_s=60, env_defaults={"PRELOAD_DEFAULT": "set", "PRELOAD_PROBE": "lost"},
+                                   warm=functools.partial(record_warm, probe + ".warm"))
+    time.sleep(8)  # the models build here: the engine process's imports and warm-up run meanwhile
     asked = time.time()
     engine = build_hosted_engine(spawned, _dict_engine, (every,), SHAPES, torch.float32)
     out = engine.generate(RolloutBatch(torch.tensor([[4, 5]]), torch.tensor([2])), SamplingParams(max_new_tokens=1))
@@ -150,7 +153,8 @@ def test_engine_process_imports_while_the_models_build_and_reports_import_failur
     asked, tokens, failure, unused_exit = run_distributed(_spawned_early, world_size=1, args=(str(probe),),
                                                           timeout_s=240)[0]
     imported = json.loads(probe.read_text())
-    assert imported["at"] < asked  # the engine's imports ran before the engine was asked for
+    warmed = json.loads((tmp_path / "imported.json.warm").read_text())
+    assert imported["at"] <= warmed["at"] < asked  # imports, then the warm-up, before the engine was asked for
     assert imported["default"] == "set" and imported["probe"] == str(probe)  # the job's own variable wins
     assert tokens == [[5, 6]]  # and the engine built afterwards works
     assert unused_exit == 0  # a process closed before its build ends cleanly
@@ -311,3 +315,29 @@ def test_waking_a_hosted_engine_first_hands_back_torchs_cached_memory(monkeypatc
     engine.wake_up(("weights",))
     engine.sleep()
     assert events == (["empty_cache"] if emptied else []) + ["send wake_up", "send sleep"]
+
+
+class _Registry:
+    def __init__(self, fail: bool = False):
+        self.calls, self.fail = [], fail
+
+    def inspect_model_cls(self, architectures, model_config):
+        if self.fail:
+            raise AttributeError("no such thing in this vLLM")
+        self.calls.append((architectures, model_config.model_impl, model_config.convert_type))
+
+
+def test_vllm_warm_up_inspects_the_checkpoints_architecture_and_never_fails_the_engine(monkeypatch, tmp_path, capsys):
+    """The engine process fills vLLM's model-info cache while the models build (a cache miss costs LLM(...) a
+    fresh Python process that imports vLLM again); a vLLM that answers otherwise only loses the head start."""
+    from hybridflow.rollout.vllm_engine import checkpoint_architectures, warm_model_info
+
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Qwen3ForCausalLM"]}))
+    assert checkpoint_architectures(str(tmp_path)) == ("Qwen3ForCausalLM",)
+    registry = _Registry()
+    monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace(ModelRegistry=registry))
+    warm_model_info(("Qwen3ForCausalLM",))
+    assert registry.calls == [(["Qwen3ForCausalLM"], "auto", "none")]
+    monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace(ModelRegistry=_Registry(fail=True)))
+    warm_model_info(("Qwen3ForCausalLM",))
+    assert "model info was not inspected ahead (AttributeError" in capsys.readouterr().err
