@@ -315,9 +315,10 @@ def checkpoint_architectures(hf_dir: str) -> tuple[str, ...]:
 def warm_model_info(architectures: tuple[str, ...]) -> None:
     """Fill vLLM's model-info cache for `architectures` while the models build (run in the engine process by
     `spawn_engine_process`'s `warm`). On a cache miss (a fresh machine, or a new VLLM_CACHE_ROOT) `LLM(...)`
-    inspects the model class in a new Python process that imports vLLM again: 19 s of a 54.5 s engine build on
-    an H100 (benchmarks/results/race_h100_20261205/). Best effort: if this vLLM answers otherwise, the build
-    does the inspection itself, as before."""
+    inspects the model class in a new Python process that imports vLLM again (the H100 run's log shows 19 s of its
+    54.5 s engine build between vLLM's argument line and "Resolved architecture", where that happens:
+    benchmarks/results/race_h100_20261205/; the saving is not measured yet). Best effort: if this vLLM answers
+    otherwise, the build does the inspection itself, as before."""
     from types import SimpleNamespace
 
     try:
