@@ -1,20 +1,23 @@
 """Log-probabilities of given tokens and entropy from vocab-parallel logits, without a full-vocab gather.
 
 A tensor-parallel LM head leaves each TP rank with logits for its slice of the (padded) vocabulary,
-`[..., vocab_padded / tp]`. Token log-probabilities come from megatron-core's vocab-parallel cross entropy
-(`-CE = logprob`); the entropy uses the same max / sum-exp reductions over the TP group. Both are
-differentiable (the PPO policy loss and the entropy bonus back-propagate through them) and equal on every
-rank of the TP group. With a TP group of one the same quantities come from plain log-softmax pieces
-(`local_token_logprobs`): megatron's kernel would still make three all-reduces and, through a boolean-mask
-index, a device-to-host sync per call, the per-micro-batch overhead a small model feels most.
+`[..., vocab_padded / tp]`. `ChunkedLogprobs` computes log p(target) = z_t - log Z and the entropy
+H = log Z - sum_v p_v z_v from that slice, a chunk of tokens at a time, with the max, the sums and the target's
+logit reduced over the TP group (2 all-reduces per chunk; none at TP 1, and no host read), and differentiates them
+by hand. Both are equal on every rank of the TP group and differentiable (the PPO policy loss and the entropy bonus
+back-propagate through them).
+
+Why not megatron-core's `vocab_parallel_cross_entropy` plus autograd through an entropy: both work on fp32 copies
+of the whole micro-batch's logits and autograd keeps them and the probabilities for backward, ~20 bytes per logit
+at the backward's peak. At a 16k-token micro-batch and a 128k vocabulary that is ~40 GB: an H100 run went out of
+memory there (benchmarks/results/race_h100_20261205/). Here backward keeps the logits in their own dtype and two
+fp32 numbers per token, and writes the gradient in the logits' dtype.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
-from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
 
 
 def token_logprobs(
@@ -28,30 +31,22 @@ def token_logprobs(
     """Log-probability of `targets` under vocab-parallel `logits` (and optionally the entropy), in fp32.
 
     Args:
-        logits: `[..., vocab_padded / tp]`, this rank's vocabulary slice (megatron's GPTModel output with
-            `labels=None`, batch-first `[b, s, v/tp]`). For next-token log-probabilities pass
-            `logits[:, :-1]` with `targets = tokens[:, 1:]`. Padding ids of the vocabulary must already be
-            ~-inf there, as `megatron_adapters.model.build_gpt`'s output hook leaves them.
-        targets: `[...]` global token ids.
+        logits: `[b, s, vocab_padded / tp]`, this rank's vocabulary slice (megatron's GPTModel output with
+            `labels=None`). For next-token log-probabilities pass `logits[:, :-1]` with
+            `targets = tokens[:, 1:]`. Padding ids of the vocabulary must already be a large finite negative
+            number there, as `megatron_adapters.model.build_gpt`'s output hook leaves them.
+        targets: `[b, s]` global token ids.
         tp_group: the role's tensor-parallel group (`pg_collection.tp`).
         temperature: logits are divided by it (use the rollout's sampling temperature for PPO ratios).
-        with_entropy: also return the entropy of the full distribution, `[...]`.
+        with_entropy: also return the entropy of the full distribution, `[b, s]`.
     """
     if temperature <= 0:
         raise ValueError(f"temperature: {temperature} must be > 0; use 1.0 for the model's own distribution")
-    if tp_group.size() == 1:
-        logprobs, entropy = ChunkedLogprobs.apply(logits, targets, temperature)
-        return (logprobs, entropy) if with_entropy else logprobs
-    # Division makes a new fp32 tensor: megatron's cross entropy works in place on its input.
-    scaled = logits.float() / temperature
-    ce_input = scaled.clone() if with_entropy else scaled
-    logprobs = -vocab_parallel_cross_entropy(ce_input, targets, tp_group=tp_group)
-    if not with_entropy:
-        return logprobs
-    return logprobs, vocab_parallel_entropy(scaled, tp_group)
+    logprobs, entropy = ChunkedLogprobs.apply(logits, targets, temperature, tp_group)
+    return (logprobs, entropy) if with_entropy else logprobs
 
 
-# Log-probs are computed this many tokens at a time: the fp32 work tensors of a chunk ([chunk, vocab], a few
+# Log-probs are computed this many tokens at a time: the fp32 work tensors of a chunk ([chunk, vocab shard], a few
 # of them: 0.5 GiB each at a 128k vocabulary) stay small next to the model-dtype logits of a large micro-batch.
 CHUNK_TOKENS = 1024
 
@@ -72,38 +67,51 @@ def _scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return z if temperature == 1.0 else z / temperature
 
 
+def _all_reduce(t: torch.Tensor, group: dist.ProcessGroup, op=dist.ReduceOp.SUM) -> torch.Tensor:
+    if group.size() > 1:
+        dist.all_reduce(t, op=op, group=group)
+    return t
+
+
 class ChunkedLogprobs(torch.autograd.Function):
-    """Log-probabilities of `targets` and entropies under `logits / temperature` ([b, s, vocab] -> two [b, s]
-    fp32 tensors) when one rank holds the whole vocabulary: log p_t = z_t - log Z, H = log Z - sum_v p_v z_v.
+    """Log-probabilities of `targets` and entropies under `logits / temperature` (this rank's vocabulary shard of
+    [b, s, vocab]) -> two [b, s] fp32 tensors, equal on every rank of `tp_group`.
 
-    Computed in fp32 over `token_chunks`, and differentiated by hand: backward keeps only the logits (in their
-    own dtype, a view is fine) and log Z and H per token, and recomputes each chunk's probabilities. Autograd
-    through the plain formula would keep fp32 copies of the logits and the probabilities ([b, s, vocab] x 8
-    bytes) and peak near 20 bytes per logit in backward: at 16k tokens and a 128k vocabulary ~40 GB, where this
-    keeps the bf16 logits and writes their bf16 gradient (4 bytes per logit). No collective, no host read.
-
-    Gradients, with p = softmax(z), g_t and g_H the incoming gradients of log p_t and H:
+    Forward, per chunk: the shard's max, then one all-reduce of (sum exp, sum exp * z, the target's logit where
+    this shard holds the target) give log Z, H = log Z - sum_v p_v z_v and log p_t = z_t - log Z. Backward keeps
+    only the logits (their own dtype; a view is fine) and log Z and H per token, recomputes each chunk's
+    probabilities, and needs no collective: with p = softmax(z), g_t and g_H the incoming gradients of log p_t
+    and H (the same on every rank, as the loss is),
       d log p_t / dz = onehot(t) - p,   dH / dz = -p (log p + H),   d / dlogits = (d / dz) / temperature.
     """
 
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, temperature: float):
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, temperature: float, tp_group: dist.ProcessGroup):
+        shard = logits.shape[-1]
+        first = tp_group.rank() * shard  # the global id of this shard's first column
         shape = logits.shape[:-1]
         logprobs = torch.empty(shape, dtype=torch.float32, device=logits.device)
         entropy, log_z = torch.empty_like(logprobs), torch.empty_like(logprobs)
+        local_targets = targets - first
+        held = (local_targets >= 0) & (local_targets < shard)
+        local_targets = torch.where(held, local_targets, 0)
         for block in token_chunks(shape):
             z = _scaled(logits[block], temperature)
-            lz = torch.logsumexp(z, dim=-1)
-            logprobs[block] = z.gather(-1, targets[block].unsqueeze(-1)).squeeze(-1) - lz
-            entropy[block] = lz - (z - lz.unsqueeze(-1)).exp_().mul_(z).sum(-1)
+            top = _all_reduce(z.amax(dim=-1), tp_group, dist.ReduceOp.MAX)
+            e = (z - top.unsqueeze(-1)).exp_()
+            z_t = torch.where(held[block], z.gather(-1, local_targets[block].unsqueeze(-1)).squeeze(-1), 0.0)
+            sums = _all_reduce(torch.stack([e.sum(-1), e.mul_(z).sum(-1), z_t]), tp_group)
+            lz = top + sums[0].log()
+            logprobs[block] = sums[2] - lz
+            entropy[block] = lz - sums[1] / sums[0]
             log_z[block] = lz
         ctx.temperature = temperature
-        ctx.save_for_backward(logits, targets, log_z, entropy)
+        ctx.save_for_backward(logits, local_targets, held, log_z, entropy)
         return logprobs, entropy
 
     @staticmethod
     def backward(ctx, grad_logprobs: torch.Tensor, grad_entropy: torch.Tensor):
-        logits, targets, log_z, entropy = ctx.saved_tensors
+        logits, local_targets, held, log_z, entropy = ctx.saved_tensors
         t = ctx.temperature
         grad = torch.empty_like(logits)
         for block in token_chunks(logits.shape[:-1]):
@@ -111,25 +119,8 @@ class ChunkedLogprobs(torch.autograd.Function):
             p = log_p.exp()
             # the 1 / temperature of d / dlogits goes on the per-token gradients, not on the [chunk, vocab] tensor
             g_t, g_h = grad_logprobs[block].unsqueeze(-1) / t, grad_entropy[block].unsqueeze(-1) / t
-            # -p (g_t + g_H (log p + H)), then + g_t at the target
+            # -p (g_t + g_H (log p + H)), then + g_t at the target where this shard holds it
             dz = log_p.add_(entropy[block].unsqueeze(-1)).mul_(-g_h).sub_(g_t).mul_(p)
-            grad[block] = dz.scatter_add_(-1, targets[block].unsqueeze(-1), g_t)
-        return grad, None, None
-
-
-def vocab_parallel_entropy(logits: torch.Tensor, tp_group: dist.ProcessGroup) -> torch.Tensor:
-    """Entropy `-sum_v p_v log p_v` of softmax(logits) over the vocabulary split across `tp_group`.
-
-    Uses `H = log Z - sum_v p_v z_v` with the max and the sums reduced over the TP group. The sums go
-    through megatron's `reduce_from_tensor_model_parallel_region` (all-reduce forward, identity backward),
-    which is the right gradient because every TP rank computes the same downstream loss.
-    """
-    logits = logits.float()
-    with torch.no_grad():
-        shift = logits.max(dim=-1, keepdim=True).values
-        dist.all_reduce(shift, op=dist.ReduceOp.MAX, group=tp_group)
-    shifted = logits - shift
-    exp = shifted.exp()
-    sum_exp = reduce_from_tensor_model_parallel_region(exp.sum(dim=-1), group=tp_group)
-    weighted = reduce_from_tensor_model_parallel_region((exp * shifted).sum(dim=-1), group=tp_group)
-    return sum_exp.log() - weighted / sum_exp
+            at_target = torch.where(held[block].unsqueeze(-1), g_t, 0.0)
+            grad[block] = dz.scatter_add_(-1, local_targets[block].unsqueeze(-1), at_target)
+        return grad, None, None, None

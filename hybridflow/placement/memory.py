@@ -23,12 +23,9 @@ Parts and the rules used (P = parameters held by the GPU: its pipeline stage's s
                input (h) per layer plus one layer's full activations while it is recomputed.
                Training (1F1B): stage p holds min(pp - p, n_microbatches) micro-batches of its L/pp layers.
                The LM head's logits add N x V_padded / t x `logit_bytes` on the last stage (actor, ref), N the
-               micro-batch's tokens: at TP 1 (megatron_adapters.logprobs.ChunkedLogprobs) the model-dtype logits,
-               in an update also their gradient and the copy the slice ModelRole.logprobs takes makes in
-               backward (3 x dtype bytes), plus fp32 work tensors of one chunk (3 x CHUNK_TOKENS x V x 4); at
-               TP > 1 megatron's vocab-parallel cross entropy also holds fp32 copies of the shard (forward:
-               + 8 bytes, the scaled logits and the copy it softmaxes in place; update: + 16, with the
-               entropy's exp and the gradient).
+               micro-batch's tokens, as megatron_adapters.logprobs.ChunkedLogprobs holds them: the model-dtype
+               logits, in an update also their gradient and the copy the slice ModelRole.logprobs takes makes in
+               backward (3 x dtype bytes), plus fp32 work tensors of one chunk (3 x CHUNK_TOKENS x V_padded / t x 4).
                Forward-only roles (ref, reward) keep one layer's activations plus the logits,
                for micro-batches of max(micro_batch_size, forward_max_tokens // seq_length) padded rows
                (`roles.<role>.forward_max_tokens`); trained roles take the larger of that forward pass
@@ -255,17 +252,13 @@ LOGPROB_CHUNK_TOKENS = 1024
 
 def logit_bytes(model: ModelConfig, tp: int, trained: bool) -> int:
     """Bytes one token's LM-head logits take on a TP rank while its log-probs are computed (module docstring),
-    without TP 1's chunk work tensors (`logit_chunk_bytes`, once per micro-batch)."""
-    shard = padded_vocab(model, tp) // tp
-    b = DTYPE_BYTES[model.dtype]
-    if tp > 1:
-        return shard * (b + (16 if trained else 8))
-    return shard * (3 * b if trained else b)
+    without the chunk's work tensors (`logit_chunk_bytes`, once per micro-batch)."""
+    return padded_vocab(model, tp) // tp * DTYPE_BYTES[model.dtype] * (3 if trained else 1)
 
 
 def logit_chunk_bytes(model: ModelConfig, tp: int) -> int:
-    """TP 1's fp32 work tensors of one log-prob chunk (three [CHUNK_TOKENS, vocab] at once)."""
-    return 3 * LOGPROB_CHUNK_TOKENS * padded_vocab(model, tp) * 4 if tp == 1 else 0
+    """The fp32 work tensors of one log-prob chunk on a TP rank (three [CHUNK_TOKENS, vocab shard] at once)."""
+    return 3 * LOGPROB_CHUNK_TOKENS * (padded_vocab(model, tp) // tp) * 4
 
 
 def _activation_bytes(

@@ -47,19 +47,19 @@ def test_actor_tp4_dp2_hand_computation(cfg8b):
     grads = 4 * params  # fp32 main grads
     optimizer = 12 * params // 2  # fp32 master + 2 Adam moments, sharded over dp=2
     # Activations, selective recompute, sequence parallel: 2 bytes x (6h + 2h_kv + 4f) / tp per token-layer,
-    # x 2048 tokens x 1 micro-batch x 32 layers x 1 in flight (pp=1); + the logits' 2048 x 128512 / 4 x 18 B:
-    # bf16 (2) and, at tp > 1, the fp32 copies of megatron's vocab-parallel cross entropy and the entropy (16).
+    # x 2048 tokens x 1 micro-batch x 32 layers x 1 in flight (pp=1); + the logits' 2048 x 128512 / 4 x 6 B (bf16
+    # logits, their gradient, the slice's copy in backward) + one log-prob chunk's three fp32 [1024, 128512 / 4].
     per_token_layer = 2 * (6 * H + 2 * KV_DIM + 4 * F) // 4
     assert per_token_layer == 41_984
-    activations = per_token_layer * 2048 * 1 * L + 2048 * vocab // 4 * 18
+    activations = per_token_layer * 2048 * 1 * L + 2048 * vocab // 4 * 6 + 3 * 1024 * vocab // 4 * 4
     est = estimate_role_memory(cfg8b.model, "actor", Dims(tp=4, pp=1, dp=2), cfg8b)
     assert est == MemoryEstimate(weights=weights, grads=grads, optimizer=optimizer, activations=activations)
-    assert est.total == 28_035_301_376  # ~26.1 GiB
+    assert est.total == 27_640_512_512  # ~25.7 GiB
 
 
 def test_recompute_and_sequence_parallel_variants(cfg8b):
     dims = Dims(tp=4, pp=1, dp=2)
-    logits = 2048 * 128512 // 4 * 18  # an update's logits at tp=4 (see the hand computation)
+    logits = 2048 * 128512 // 4 * 6 + 3 * 1024 * 128512  # an update's logits at tp=4 (the hand computation)
     full = dataclasses.replace(cfg8b.roles.actor, activation_recompute="full")
     none = dataclasses.replace(cfg8b.roles.actor, activation_recompute="none")
     no_sp = dataclasses.replace(
@@ -86,7 +86,7 @@ def test_offload_and_pipeline_stages(cfg8b):
     first = estimate_role_memory(cfg8b.model, "actor", Dims(4, 2, 1), cfg8b, stage=0)
     last = estimate_role_memory(cfg8b.model, "actor", Dims(4, 2, 1), cfg8b, stage=1)
     assert first.activations == 41_984 * 2048 * 16 * 2
-    assert last.activations == 41_984 * 2048 * 16 * 1 + 2048 * 128512 // 4 * 18
+    assert last.activations == 41_984 * 2048 * 16 * 1 + 2048 * 128512 // 4 * 6 + 3 * 1024 * 128512
     assert first.weights == last.weights - 2 * 4096  # the head shard equals the embedding shard; + final norm
     worst = estimate_role_memory(cfg8b.model, "actor", Dims(4, 2, 1), cfg8b)
     assert worst.total == max(first.total, last.total)
@@ -118,16 +118,17 @@ def test_native_rollout_kv_cache_for_the_batch():
     assert shared.weights == 0 and shared.kv_cache == est.kv_cache
 
 
-def test_tp1_logits_count_what_the_chunked_log_probs_keep():
-    """At TP 1 (megatron_adapters.logprobs.ChunkedLogprobs) an update keeps the bf16 logits, writes their bf16
-    gradient and the slice's backward copies it (3 x 2 bytes per logit); a forward pass keeps the logits (2);
-    either adds three fp32 [CHUNK_TOKENS, vocab] work tensors once. The chunk size is the adapters' own."""
+def test_logits_count_what_the_chunked_log_probs_keep():
+    """megatron_adapters.logprobs.ChunkedLogprobs: an update keeps the bf16 logits, writes their bf16 gradient and
+    the slice's backward copies it (3 x 2 bytes per logit of the vocabulary shard); a forward pass keeps the
+    logits (2); either adds three fp32 [CHUNK_TOKENS, shard] work tensors once. The chunk size is the adapters'."""
     from hybridflow.placement.memory import LOGPROB_CHUNK_TOKENS, logit_bytes, logit_chunk_bytes
     from megatron_adapters.logprobs import CHUNK_TOKENS
 
     assert LOGPROB_CHUNK_TOKENS == CHUNK_TOKENS
-    cfg = load_experiment("ppo_llama_1b_h200", [])  # vocab 128256, already a multiple of 128
+    cfg = load_experiment("ppo_llama_1b_h200", [])  # vocab 128256, a multiple of 128 (tp 1) and 256 (tp 2)
     assert logit_bytes(cfg.model, 1, trained=True) == 128256 * 6
     assert logit_bytes(cfg.model, 1, trained=False) == 128256 * 2
+    assert logit_bytes(cfg.model, 2, trained=True) == 128256 // 2 * 6
     assert logit_chunk_bytes(cfg.model, 1) == 3 * CHUNK_TOKENS * 128256 * 4
-    assert logit_chunk_bytes(cfg.model, 2) == 0  # megatron's vocab-parallel path: fp32 copies, counted per token
+    assert logit_chunk_bytes(cfg.model, 2) == 3 * CHUNK_TOKENS * 128256 // 2 * 4

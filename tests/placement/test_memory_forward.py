@@ -8,9 +8,9 @@ from hybridflow.config import load_experiment
 from hybridflow.placement import Dims, estimate_role_memory
 
 SELECTIVE, V_TP4, L, S = 41_984, 128512, 32, 2048
-# Logit bytes per token at tp=4 (memory.logit_bytes): bf16 logits plus megatron's vocab-parallel cross entropy's fp32
-# copies, in an update (2 + 16) and in a forward pass (2 + 8), of the vocabulary shard.
-UPDATE_LOGIT, FORWARD_LOGIT = V_TP4 // 4 * 18, V_TP4 // 4 * 10
+# Logit bytes per token at tp=4 (memory.logit_bytes) of the vocabulary shard: bf16 logits, in an update also their
+# gradient and the slice's copy; CHUNK: one log-prob chunk's three fp32 [1024, shard], once per micro-batch.
+UPDATE_LOGIT, FORWARD_LOGIT, CHUNK = V_TP4 // 4 * 6, V_TP4 // 4 * 2, 3 * 1024 * V_TP4
 
 
 def cfg8b(*overrides: str):
@@ -25,14 +25,14 @@ def test_ref_forward_micro_batch_follows_the_budget():
         assert cfg.roles.ref.forward_max_tokens == budget
         tokens = rows * S
         assert estimate_role_memory(cfg.model, "ref", Dims(4, 1, 2), cfg).activations == \
-            SELECTIVE * tokens + tokens * FORWARD_LOGIT, budget
+            SELECTIVE * tokens + tokens * FORWARD_LOGIT + CHUNK, budget
 
 
 def test_actor_takes_the_larger_of_its_update_and_its_forward_pass():
-    update = SELECTIVE * S * L + S * UPDATE_LOGIT  # one micro-batch of 2048 tokens in flight, its logits
+    update = SELECTIVE * S * L + S * UPDATE_LOGIT + CHUNK  # one micro-batch of 2048 tokens in flight, its logits
     small = cfg8b("roles.actor.forward_max_tokens=2048")  # 1 row: one layer + logits of 2048 tokens < update
     assert estimate_role_memory(small.model, "actor", Dims(4, 1, 2), small).activations == update
     large = cfg8b("roles.actor.forward_max_tokens=65536")  # 32 rows: the old log-probs' logits dominate
-    forward = SELECTIVE * 32 * S + 32 * S * FORWARD_LOGIT
+    forward = SELECTIVE * 32 * S + 32 * S * FORWARD_LOGIT + CHUNK
     assert forward > update
     assert estimate_role_memory(large.model, "actor", Dims(4, 1, 2), large).activations == forward

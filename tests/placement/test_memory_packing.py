@@ -14,9 +14,9 @@ from hybridflow.placement import Dims, estimate_role_memory
 from hybridflow.placement.memory import micro_batch_shape
 
 V_TP4 = 128512
-# Logit bytes per token at tp=4 (memory.logit_bytes): bf16 logits plus megatron's vocab-parallel cross entropy's fp32
-# copies, in an update (2 + 16) and in a forward pass (2 + 8), of the 128512 / 4 vocabulary shard.
-UPDATE_LOGIT, FORWARD_LOGIT = V_TP4 // 4 * 18, V_TP4 // 4 * 10
+# Logit bytes per token at tp=4 (memory.logit_bytes) of the 128512 / 4 vocabulary shard: bf16 logits, in an update
+# also their gradient and the slice's copy; CHUNK: one log-prob chunk's three fp32 [1024, shard], once per micro-batch.
+UPDATE_LOGIT, FORWARD_LOGIT, CHUNK = V_TP4 // 4 * 6, V_TP4 // 4 * 2, 3 * 1024 * V_TP4
 SELECTIVE = 41_984  # bytes per token-layer at tp=4 with SP, selective recompute (test_memory.py derives it)
 S = 2048
 
@@ -34,28 +34,29 @@ def test_packed_actor_hand_computation():
     # One thd row of up to 6002 tokens, padded to a multiple of tp=4 for sequence parallelism: 6004.
     # pp=1: one micro-batch in flight, and its logits.
     est = actor(cfg, Dims(4, 1, 2))
-    assert est.activations == SELECTIVE * 6004 * 32 + 6004 * UPDATE_LOGIT
+    assert est.activations == SELECTIVE * 6004 * 32 + 6004 * UPDATE_LOGIT + CHUNK
     padded = actor(cfg8b(), Dims(4, 1, 2))  # updates of 1 x 2048 tokens; forward passes of 8 x 2048 (16384 tokens)
     assert (est.weights, est.grads, est.optimizer) == (padded.weights, padded.grads, padded.optimizer)
-    assert padded.activations == max(SELECTIVE * 2048 * 32 + 2048 * UPDATE_LOGIT, (SELECTIVE + FORWARD_LOGIT) * 16384)
+    assert padded.activations == max(SELECTIVE * 2048 * 32 + 2048 * UPDATE_LOGIT, (SELECTIVE + FORWARD_LOGIT) * 16384) \
+        + CHUNK
 
 
 def test_attention_probabilities_span_one_sample_not_the_packed_row():
     # recompute=none keeps a*s per token-layer; packed attention is per sample, so s = S = 2048, not 6004.
     cfg = cfg8b("roles.actor.max_tokens_per_micro_batch=6002", "roles.actor.activation_recompute=none")
     per_token_layer = SELECTIVE + 2 * 32 * S // 4
-    assert actor(cfg, Dims(4, 1, 2)).activations == per_token_layer * 6004 * 32 + 6004 * UPDATE_LOGIT
+    assert actor(cfg, Dims(4, 1, 2)).activations == per_token_layer * 6004 * 32 + 6004 * UPDATE_LOGIT + CHUNK
 
 
-def test_doubling_the_budget_doubles_activations_and_logits():
+def test_doubling_the_budget_doubles_activations_and_logits_but_not_the_log_prob_chunk():
     dims = Dims(4, 1, 2)
     for recompute in ("selective", "none"):
         one = actor(cfg8b("roles.actor.max_tokens_per_micro_batch=4096",
                           f"roles.actor.activation_recompute={recompute}"), dims)
         two = actor(cfg8b("roles.actor.max_tokens_per_micro_batch=8192",
                           f"roles.actor.activation_recompute={recompute}"), dims)
-        assert two.activations == 2 * one.activations, recompute
-        assert two.total - one.total == one.activations, recompute
+        assert two.activations - CHUNK == 2 * (one.activations - CHUNK), recompute  # the chunk's work stays
+        assert two.total - one.total == one.activations - CHUNK, recompute
 
 
 def test_pipeline_in_flight_counts_packed_micro_batches():
@@ -63,7 +64,7 @@ def test_pipeline_in_flight_counts_packed_micro_batches():
     # so stage 0 of pp=4 holds min(4 - 0, 2) = 2 in flight, the last stage 1; 8 layers per stage.
     cfg = cfg8b("algorithm.mini_batch_size=4", "roles.actor.max_tokens_per_micro_batch=4096")
     assert actor(cfg, Dims(4, 4, 1), stage=0).activations == SELECTIVE * 4096 * 8 * 2
-    assert actor(cfg, Dims(4, 4, 1), stage=3).activations == SELECTIVE * 4096 * 8 * 1 + 4096 * UPDATE_LOGIT
+    assert actor(cfg, Dims(4, 4, 1), stage=3).activations == SELECTIVE * 4096 * 8 * 1 + 4096 * UPDATE_LOGIT + CHUNK
     padded = cfg8b("algorithm.mini_batch_size=4")
     assert actor(padded, Dims(4, 4, 1), stage=0).activations == SELECTIVE * 2048 * 8 * 4
 
@@ -80,11 +81,11 @@ def test_ref_takes_the_actors_budget_unless_set():
     assert cfg.roles.ref.max_tokens_per_micro_batch == 6002  # load_experiment's rule
     ref = estimate_role_memory(cfg.model, "ref", Dims(4, 1, 2), cfg)
     # Forward only: one layer's activations plus the logits, for the packed row.
-    assert ref.activations == SELECTIVE * 6004 + 6004 * FORWARD_LOGIT
+    assert ref.activations == SELECTIVE * 6004 + 6004 * FORWARD_LOGIT + CHUNK
     off = cfg8b("roles.actor.max_tokens_per_micro_batch=6002", "roles.ref.max_tokens_per_micro_batch=0")
     # unpacked forward passes: forward_max_tokens (default 16384) / seq 2048 = 8 rows of 2048 tokens
     assert estimate_role_memory(off.model, "ref", Dims(4, 1, 2), off).activations == \
-        SELECTIVE * 16384 + 16384 * FORWARD_LOGIT
+        SELECTIVE * 16384 + 16384 * FORWARD_LOGIT + CHUNK
 
 
 def test_budget_zero_is_the_padded_estimate():

@@ -63,8 +63,8 @@ def test_auto_explanation_memory_matches_the_table(tmp_path, monkeypatch, capsys
 
 def test_the_search_prices_its_chosen_plan_at_the_offload_share_the_plan_picks():
     # An unset offload_fraction is searched at 1.0 but build_plan picks one share from the chosen layouts
-    # (0.95 here): the search's figure for its choice must be the plan's, not the 1.0 one.
-    cfg = load_experiment(None, list(AUTO))
+    # (0.85 here, on 88 GiB GPUs): the search's figure for its choice must be the plan's, not the 1.0 one.
+    cfg = load_experiment(None, [*AUTO, "cluster.gpu_memory_gib=88"])
     result = search_config(cfg)
     plan, explanation = search_placement(cfg)
     assert 0 < min(plan.offload_fractions.values()) < 1.0
