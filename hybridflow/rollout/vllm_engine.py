@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 import sys
 import warnings
@@ -32,6 +31,7 @@ from hybridflow.placement import RoleMesh
 from hybridflow.rollout.base import EngineSetup, RolloutBatch, SamplingParams
 from hybridflow.rollout.engine_host import EngineProcess, HostedEngine, build_hosted_engine, spawn_engine_process
 from megatron_adapters.bridge import TargetFormat, WeightBridge
+from megatron_adapters.model import load_hf_config
 
 # Set by this engine, never by rollout.engine_args: they define how vLLM lives inside the job.
 RESERVED_ENGINE_ARGS = frozenset(
@@ -308,8 +308,8 @@ class VllmBuilder:
 
 
 def checkpoint_architectures(hf_dir: str) -> tuple[str, ...]:
-    """`architectures` of the checkpoint's config.json (what vLLM resolves its model class from)."""
-    return tuple(json.loads((Path(hf_dir) / "config.json").read_text()).get("architectures", ()))
+    """`architectures` of the checkpoint's config (what vLLM resolves its model class from)."""
+    return tuple(load_hf_config(hf_dir).architectures or ())
 
 
 def warm_model_info(architectures: tuple[str, ...]) -> None:

@@ -330,9 +330,11 @@ class _Registry:
 def test_vllm_warm_up_inspects_the_checkpoints_architecture_and_never_fails_the_engine(monkeypatch, tmp_path, capsys):
     """The engine process fills vLLM's model-info cache while the models build (a cache miss costs LLM(...) a
     fresh Python process that imports vLLM again); a vLLM that answers otherwise only loses the head start."""
+    import transformers
+
     from hybridflow.rollout.vllm_engine import checkpoint_architectures, warm_model_info
 
-    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Qwen3ForCausalLM"]}))
+    transformers.Qwen3Config(architectures=["Qwen3ForCausalLM"]).save_pretrained(tmp_path)
     assert checkpoint_architectures(str(tmp_path)) == ("Qwen3ForCausalLM",)
     registry = _Registry()
     monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace(ModelRegistry=registry))
