@@ -1,0 +1,142 @@
+"""Time to held-out accuracy, the headline of a real-task race (issue #43), from a `benchmarks.trl_curve` output.
+
+    python -m benchmarks.time_to_accuracy DIR [--threshold 0.45]
+
+For every framework and seed in DIR/compare.json: the held-out accuracy curve against samples trained on and
+against training wall time (the sum of the RL steps' times before each evaluation: evaluation and start-up are
+left out on both sides), the first evaluation at or above the threshold (samples and seconds; no interpolation:
+evaluations are every `eval_every` steps, so a crossing is known only to that resolution), and the accuracy at
+equal samples (each evaluation step) as mean and range over the seeds. Written to DIR: time_to_accuracy.json,
+time_to_accuracy.md, accuracy_vs_time.png and accuracy_vs_samples.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from itertools import accumulate
+from pathlib import Path
+
+from benchmarks.run_summary import read_rl_records
+from hybridflow.errors import UserError, cli_errors
+
+
+def step_times(run_dir: Path, side: dict, name: str) -> list[float]:
+    """Seconds of RL steps 1..N of one side: its own `step_times_s`, else the hybridflow run's metrics.jsonl."""
+    if "step_times_s" in side:
+        return list(side["step_times_s"])
+    metrics = run_dir / "metrics.jsonl"
+    if not metrics.is_file():
+        raise UserError(f"{name}: no step_times_s in compare.json and no {metrics}; rerun benchmarks.trl_curve")
+    return [r["step_time_s"] for r in read_rl_records(metrics)]
+
+
+def curve(side: dict, times: list[float]) -> list[dict]:
+    """The side's evaluations with the training seconds spent before each (step 0: none)."""
+    elapsed = [0.0, *accumulate(times)]
+    points = []
+    for point in side.get("accuracy", []):
+        if point["step"] >= len(elapsed):
+            raise UserError(f"evaluation at step {point['step']} but only {len(times)} step times were recorded")
+        points.append({**point, "train_seconds": elapsed[point["step"]]})
+    return points
+
+
+def first_reaching(points: list[dict], threshold: float) -> dict | None:
+    """The first evaluation whose accuracy is at least `threshold`, or None."""
+    return next((p for p in points if p["accuracy"] >= threshold), None)
+
+
+def summarize(runs: list[dict], out: Path, threshold: float) -> dict:
+    """Per framework: each seed's curve and crossing, and the accuracy at each evaluation step over seeds."""
+    frameworks: dict[str, dict] = {}
+    for run in runs:
+        for name, side in run.items():
+            if not isinstance(side, dict) or "accuracy" not in side:
+                continue
+            points = curve(side, step_times(out / f"{name}_s{run['seed']}", side, name))
+            entry = frameworks.setdefault(name, {"framework": side.get("framework", name), "seeds": {}})
+            entry["seeds"][run["seed"]] = {"curve": points, "reached": first_reaching(points, threshold)}
+    for entry in frameworks.values():
+        by_step: dict[int, list[float]] = {}
+        for seed in entry["seeds"].values():
+            for p in seed["curve"]:
+                by_step.setdefault(p["step"], []).append(p["accuracy"])
+        entry["at_step"] = {step: {"mean": sum(a) / len(a), "min": min(a), "max": max(a), "seeds": len(a)}
+                            for step, a in sorted(by_step.items())}
+    return {"threshold": threshold, "frameworks": frameworks}
+
+
+def markdown(summary: dict, meta: dict) -> str:
+    t = summary["threshold"]
+    lines = [f"# Time to held-out accuracy {t}, {meta.get('device', '?')}, {meta.get('date', '?')}, "
+             f"commit {meta.get('commit', '?')}", "",
+             "Training wall time excludes evaluation and start-up on both sides. 'not reached' = no evaluation "
+             "of that run got there.", "",
+             f"| framework | seed | samples to {t} | train seconds to {t} | final accuracy |", "|---|---|---|---|---|"]
+    for name, entry in summary["frameworks"].items():
+        for seed, s in sorted(entry["seeds"].items()):
+            hit, last = s["reached"], s["curve"][-1]["accuracy"] if s["curve"] else float("nan")
+            reached = (f"{hit['samples']:,} | {hit['train_seconds']:.0f}" if hit else "not reached | not reached")
+            lines.append(f"| {name} | {seed} | {reached} | {last:.3f} |")
+    lines += ["", "Accuracy at equal samples (mean over seeds, [min, max]):", "",
+              "| framework | " + " | ".join(f"step {s}" for s in _steps(summary)) + " |",
+              "|---|" + "---|" * len(_steps(summary))]
+    for name, entry in summary["frameworks"].items():
+        cells = [(f"{a['mean']:.3f} [{a['min']:.3f}, {a['max']:.3f}]" if (a := entry["at_step"].get(s)) else "-")
+                 for s in _steps(summary)]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _steps(summary: dict) -> list[int]:
+    return sorted({s for e in summary["frameworks"].values() for s in e["at_step"]})
+
+
+def plot(summary: dict, x_key: str, x_label: str, path: Path) -> None:
+    """Held-out accuracy against `x_key` (samples or train_seconds), one line per framework and seed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for colour, (name, entry) in zip(colours * 4, summary["frameworks"].items(), strict=False):
+        for i, (_, s) in enumerate(sorted(entry["seeds"].items())):
+            ax.plot([p[x_key] for p in s["curve"]], [p["accuracy"] for p in s["curve"]], "-o", color=colour,
+                    alpha=0.85, markersize=3, label=name if i == 0 else None)
+    ax.axhline(summary["threshold"], color="grey", linestyle=":", linewidth=1)
+    ax.set_xlabel(x_label)
+    ax.set_ylabel("held-out accuracy (greedy)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.time_to_accuracy", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("dir", type=Path, help="a benchmarks.trl_curve --out directory")
+    parser.add_argument("--threshold", type=float, default=0.45)
+    with cli_errors():
+        args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+        compare = args.dir / "compare.json"
+        if not compare.is_file():
+            raise UserError(f"{compare}: not found; pass the --out directory of benchmarks.trl_curve")
+        data = json.loads(compare.read_text())
+        summary = summarize(data["runs"], args.dir, args.threshold)
+        (args.dir / "time_to_accuracy.json").write_text(json.dumps(summary, indent=2))
+        text = markdown(summary, data.get("meta", {}))
+        (args.dir / "time_to_accuracy.md").write_text(text)
+        plot(summary, "train_seconds", "training wall time, s (evaluation excluded)", args.dir / "accuracy_vs_time.png")
+        plot(summary, "samples", "samples trained on", args.dir / "accuracy_vs_samples.png")
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,55 @@
+"""benchmarks.time_to_accuracy: crossings, training seconds before each evaluation, equal-sample table, plots."""
+
+import json
+
+import pytest
+
+from benchmarks import time_to_accuracy as tta
+
+
+def _write_run_dir(tmp_path, name, seed, step_times):
+    run = tmp_path / f"{name}_s{seed}"
+    run.mkdir()
+    # the last record of a step wins (a resumed run may repeat one); validation records are not steps
+    lines = [{"step": i + 1, "phase": "rl", "step_time_s": t} for i, t in enumerate(step_times)]
+    lines.insert(1, {"step": 1, "phase": "val", "val/accuracy": 0.0})
+    lines.insert(0, {"step": 1, "phase": "rl", "step_time_s": 99.0})
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+
+
+def _compare(tmp_path):
+    runs = []
+    curves = {1: ([0.2, 0.3, 0.5], [0.2, 0.46, 0.5]), 2: ([0.2, 0.4, 0.44], [0.2, 0.3, 0.3])}
+    for seed, (hf_acc, trl_acc) in curves.items():
+        _write_run_dir(tmp_path, "hybridflow-megatron", seed, [1.0, 2.0, 3.0, 4.0])
+        acc = lambda a: [{"step": 2 * i, "samples": 2 * i * 16, "accuracy": x} for i, x in enumerate(a)]  # noqa: E731
+        runs.append({"seed": seed, "work": {},
+                     "hybridflow-megatron": {"framework": "hybridflow", "accuracy": acc(hf_acc)},
+                     "trl": {"framework": "trl", "accuracy": acc(trl_acc), "step_times_s": [5.0, 5.0, 5.0, 5.0]}})
+    (tmp_path / "compare.json").write_text(json.dumps({"meta": {"device": "cpu"}, "runs": runs}))
+
+
+def test_train_seconds_before_each_evaluation_and_first_crossing(tmp_path):
+    _compare(tmp_path)
+    summary = tta.summarize(json.loads((tmp_path / "compare.json").read_text())["runs"], tmp_path, 0.45)
+    hf, trl = summary["frameworks"]["hybridflow-megatron"], summary["frameworks"]["trl"]
+    # hybridflow's seconds come from metrics.jsonl (the duplicate step-1 record replaced by the later one)
+    assert [p["train_seconds"] for p in hf["seeds"][1]["curve"]] == [0.0, 3.0, 10.0]
+    assert hf["seeds"][1]["reached"]["step"] == 4 and hf["seeds"][2]["reached"] is None
+    assert trl["seeds"][1]["reached"] == {"step": 2, "samples": 32, "accuracy": 0.46, "train_seconds": 10.0}
+    assert trl["at_step"][2] == {"mean": pytest.approx(0.38), "min": 0.3, "max": 0.46, "seeds": 2}
+
+
+def test_cli_writes_table_and_both_plots(tmp_path):
+    _compare(tmp_path)
+    assert tta.main([str(tmp_path), "--threshold", "0.45"]) == 0
+    text = (tmp_path / "time_to_accuracy.md").read_text()
+    assert "| trl | 2 | not reached | not reached | 0.300 |" in text
+    for png in ("accuracy_vs_time.png", "accuracy_vs_samples.png"):
+        assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_evaluation_past_the_recorded_steps_is_one_clear_error(tmp_path):
+    side = {"accuracy": [{"step": 5, "samples": 80, "accuracy": 0.5}]}
+    with pytest.raises(Exception, match="only 2 step times"):
+        tta.curve(side, [1.0, 1.0])
