@@ -115,28 +115,42 @@ def _shard_spec(model) -> ShardSpec:
 
 
 @torch.no_grad()
+def hf_shards(model, hf_dir: str | os.PathLike, allow_missing_head: bool = True):
+    """Yield (parameter name, this rank's shard as the checkpoint stores it) for every weight of ``model``'s
+    stage, and (None, hf name) for a value/reward head the checkpoint lacks (when ``allow_missing_head``).
+
+    The shard keeps the checkpoint's dtype (an fp32 checkpoint stays fp32), checked against the parameter's
+    shape: any other missing tensor or shape mismatch raises ValueError.
+    """
+    reader = SafetensorsReader(hf_dir)
+    params = dict(model.named_parameters())
+    spec = _shard_spec(model)
+    for entry, name in stage_entries(model):
+        if allow_missing_head and entry.hf == ("score.weight",) and "score.weight" not in reader:
+            yield None, "score.weight"
+            continue
+        shard = hf_to_mcore_shard(entry, reader.read, model.hf_shape, spec)
+        if tuple(shard.shape) != tuple(params[name].shape):
+            raise ValueError(
+                f"weights: {entry.hf} gives shape {tuple(shard.shape)} for {name!r}, "
+                f"model has {tuple(params[name].shape)}"
+            )
+        yield name, shard
+
+
 def load_hf_weights(model, hf_dir: str | os.PathLike, allow_missing_head: bool = True) -> list[str]:
     """Copy an HF checkpoint into ``model`` (this rank's shards only). Returns HF names left at init.
 
     A value/reward head absent from a causal-LM checkpoint (critic initialised from the actor) keeps its
     random init when ``allow_missing_head``; any other missing tensor or shape mismatch raises ValueError.
     """
-    reader = SafetensorsReader(hf_dir)
     params = dict(model.named_parameters())
-    spec = _shard_spec(model)
     skipped = []
-    for entry, name in stage_entries(model):
-        if allow_missing_head and entry.hf == ("score.weight",) and "score.weight" not in reader:
-            skipped.append("score.weight")
-            continue
-        shard = hf_to_mcore_shard(entry, reader.read, model.hf_shape, spec)
-        param = params[name]
-        if tuple(shard.shape) != tuple(param.shape):
-            raise ValueError(
-                f"weights: {entry.hf} gives shape {tuple(shard.shape)} for {name!r}, "
-                f"model has {tuple(param.shape)}"
-            )
-        param.copy_(shard)
+    for name, shard in hf_shards(model, hf_dir, allow_missing_head):
+        if name is None:
+            skipped.append(shard)
+        else:
+            params[name].copy_(shard)
     return skipped
 
 

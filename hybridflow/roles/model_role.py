@@ -24,8 +24,9 @@ from hybridflow.placement import RoleMesh
 from megatron_adapters.checkpoint import unwrap
 from megatron_adapters.cpu_backend import compute_device, is_cpu_backend_enabled
 from megatron_adapters.forward_backward import run_forward_backward
-from megatron_adapters.hf_safetensors import load_hf_weights, save_hf_weights
+from megatron_adapters.hf_safetensors import hf_shards, load_hf_weights, save_hf_weights
 from megatron_adapters.logprobs import token_logprobs
+from megatron_adapters.main_params import seed_main_params
 from megatron_adapters.model import build_gpt
 from megatron_adapters.optimizer import (
     OptimizerSettings,
@@ -251,6 +252,8 @@ def build_model_role(
     precision = TrainingPrecision(dtype, bf16=dtype == torch.bfloat16)
     ddp = wrap_for_training([model], groups, use_distributed_optimizer=optimizer.use_distributed_optimizer)
     opt = build_optimizer(ddp, groups, optimizer, precision)
+    if precision.bf16:  # fp32 main params from the checkpoint's values, not their bf16 copy (main_params.py)
+        seed_main_params(opt.optimizer, model, hf_shards(model, hf_dir))
     return ModelRole(name, mesh, groups, ddp[0], micro_batch_size, opt,
                      max_tokens_per_micro_batch=max_tokens_per_micro_batch,
                      forward_micro_batch_size=forward_micro_batch_size,
