@@ -26,6 +26,8 @@ def _main_params(optimizer: MegatronOptimizer) -> dict[int, tuple[torch.Tensor, 
     """id(bf16 model param) -> (its fp32 main tensor, the slice of the flattened param it holds; None: all)."""
     found: dict[int, tuple[torch.Tensor, slice | None]] = {}
     for opt in getattr(optimizer, "chained_optimizers", None) or [optimizer]:
+        if opt.config.use_precision_aware_optimizer:
+            continue  # the inner optimizer (CPU offload's HybridDeviceOptimizer) holds its own fp32 copies
         if isinstance(opt, DistributedOptimizer):
             for model_group, main_group in zip(opt.model_float16_groups, opt.shard_fp32_from_float16_groups,
                                                strict=True):
