@@ -114,7 +114,6 @@ def _shard_spec(model) -> ShardSpec:
     return ShardSpec(tp=tp.size(), tp_rank=tp.rank(), padded_vocab=padded)
 
 
-@torch.no_grad()
 def hf_shards(model, hf_dir: str | os.PathLike, allow_missing_head: bool = True):
     """Yield (parameter name, this rank's shard as the checkpoint stores it) for every weight of ``model``'s
     stage, and (None, hf name) for a value/reward head the checkpoint lacks (when ``allow_missing_head``).
@@ -138,6 +137,7 @@ def hf_shards(model, hf_dir: str | os.PathLike, allow_missing_head: bool = True)
         yield name, shard
 
 
+@torch.no_grad()
 def load_hf_weights(model, hf_dir: str | os.PathLike, allow_missing_head: bool = True) -> list[str]:
     """Copy an HF checkpoint into ``model`` (this rank's shards only). Returns HF names left at init.
 
