@@ -22,11 +22,19 @@ from hybridflow.families.record import (
     registered_families,
     supported_architectures,
 )
-from hybridflow.families.shape import ModelShape, family_of_hf, resolved_head_dim, shape_from_hf
+from hybridflow.families.shape import (
+    HF_CONFIG_FILE,
+    ModelShape,
+    family_of_hf,
+    read_hf_config,
+    resolved_head_dim,
+    shape_from_hf,
+)
 from hybridflow.families.weights import decoder_layer_weights, local_name, weight_table
 
 __all__ = [
-    "Layout", "ModelFamily", "ModelShape", "WeightMapping", "causal_lm_architectures", "decoder_layer_weights",
-    "family", "family_for_architecture", "family_for_gguf", "family_of_hf", "local_name", "register_family",
-    "registered_families", "resolved_head_dim", "shape_from_hf", "supported_architectures", "weight_table",
+    "HF_CONFIG_FILE", "Layout", "ModelFamily", "ModelShape", "WeightMapping", "causal_lm_architectures",
+    "decoder_layer_weights", "family", "family_for_architecture", "family_for_gguf", "family_of_hf", "local_name",
+    "read_hf_config", "register_family", "registered_families", "resolved_head_dim", "shape_from_hf",
+    "supported_architectures", "weight_table",
 ]

@@ -10,12 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING
 
 from hybridflow.families.layout import Layout, WeightMapping
-
-if TYPE_CHECKING:
-    from hybridflow.families.shape import ModelShape
 
 # vLLM's fused modules (its Llama-style models' `stacked_params_mapping`): the HF projections it stacks and
 # the fused module's name (`model.layers.i.self_attn.qkv_proj`, `model.layers.i.mlp.gate_up_proj`).
@@ -55,6 +51,42 @@ class ModelFamily:
     def architectures(self) -> tuple[str, str]:
         """The HF architecture names this family builds (causal LM, sequence classification)."""
         return self.causal_lm, self.sequence_classification
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the weight table and the heads need to know about an HF model, independent of parallelism.
+
+    It lives beside ``ModelFamily`` because each refers to the other (a family's ``layer_weights`` reads a
+    shape; a shape names its family): one module, no import circle. ``shape.shape_from_hf`` makes one."""
+
+    family: str  # the family's model_type
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    ffn_hidden_size: int
+    vocab_size: int
+    tie_word_embeddings: bool
+
+    @property
+    def record(self) -> ModelFamily:
+        """The family record this shape belongs to."""
+        return family(self.family)
+
+    @property
+    def qkv_bias(self) -> bool:
+        return self.record.qkv_bias
+
+    @property
+    def qk_norm(self) -> bool:
+        return self.record.qk_norm
+
+    @property
+    def q_dim(self) -> int:
+        """Width of all query heads together (num_heads x head_dim; not always hidden_size)."""
+        return self.num_heads * self.head_dim
 
 
 _FAMILIES: dict[str, ModelFamily] = {}
