@@ -117,7 +117,7 @@ def apply_hf_checkpoint(model: ModelConfig, field: str, checkpoints: CheckpointR
     hf.setdefault("architectures", [model.architecture])
     try:
         shape = shape_from_hf(hf)  # the runtime's reading of the same file (megatron_adapters.model.model_shape)
-    except ValueError as err:
+    except (ValueError, UserError) as err:
         raise UserError(f"{field}.path: {model.path}/config.json: {err}") from None
     values = {name: hf[name] for name in _HF_SHAPE_FIELDS if name in hf}
     values.update(architecture=hf["architectures"][0], num_key_value_heads=shape.num_kv_heads,

@@ -5,8 +5,9 @@ the config, the planner and the environment check can ask it without importing t
 engine. How to build the engine for a rollout rank is named, not imported: `builder` is an import path
 ("package.module:ATTRIBUTE") that only `hybridflow.roles.rollout_role` resolves, at build time, to an
 `RolloutBuilder` (hybridflow.rollout.base). A record takes plain values (never the experiment config): this
-package imports only hybridflow.errors, so hybridflow.config and hybridflow.placement may import it. What the
-config does with a record (`with_engine`, `engine_of`) is hybridflow.config.experiment's.
+package imports only the leaves hybridflow.errors and hybridflow.registry, so hybridflow.config and
+hybridflow.placement may import it. What the config does with a record (`with_engine`, `engine_of`) is
+hybridflow.config.experiment's.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from hybridflow.errors import UserError
+from hybridflow.registry import Registry
 
 AUTO = "auto"  # rollout.engine=auto: the planner picks the engine its cost model predicts faster
 
@@ -97,28 +99,22 @@ class EngineRecord(Protocol):
         ...
 
 
-_REGISTRY: dict[str, EngineRecord] = {}
+_ENGINES: Registry[EngineRecord] = Registry("engine", "rollout.engine", reserved=(AUTO,))
 
 
 def register_engine(record: EngineRecord) -> EngineRecord:
-    """Add `record` under its name (once per name)."""
-    if record.name in _REGISTRY or record.name == AUTO:
-        raise ValueError(f"rollout engine {record.name!r} is registered already (or reserved)")
-    _REGISTRY[record.name] = record
-    return record
+    """Add `record` under its name (once per name); returns it."""
+    return _ENGINES.add(record.name, record)
 
 
 def engine_names() -> tuple[str, ...]:
     """The registered engines, in registration order (the native engine first)."""
-    return tuple(_REGISTRY)
+    return _ENGINES.names()
 
 
 def get_engine(name: str) -> EngineRecord:
     """The record of engine `name`; `auto` is not an engine (the planner resolves it first)."""
     if name == AUTO:
         raise UserError("rollout.engine: auto is resolved by the planner (hybridflow.placement.plan_placement); "
-                        "ask the plan's rollout_engine, or set rollout.engine to one of " + ", ".join(_REGISTRY))
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise UserError(f"rollout.engine: {name!r} is unknown; use one of {', '.join((*_REGISTRY, AUTO))}") from None
+                        "ask the plan's rollout_engine, or set rollout.engine to one of " + ", ".join(engine_names()))
+    return _ENGINES.get(name)

@@ -4,8 +4,9 @@ A record holds the HF architecture names (causal LM and sequence classification)
 shape rules (qkv bias, q/k norm, sliding window), the HF <-> megatron weight rows of a layer, the vLLM
 layout facts and the GGUF architecture name; the shape of a checkpoint (`shape_from_hf`, with the one
 head_dim rule) comes from here too. Looked up by name: `family(model_type)`,
-`family_for_architecture(name)`. This package is a leaf: it imports only the standard library, so
-hybridflow.config, hybridflow.placement and megatron_adapters may all import it.
+`family_for_architecture(name)`. This package is a leaf: it imports only the standard library and the
+leaves hybridflow.registry and hybridflow.errors, so hybridflow.config, hybridflow.placement and
+megatron_adapters may all import it.
 
 Adding a family = one module here that calls `register_family` (docs/extending.md), plus its import below.
 """
