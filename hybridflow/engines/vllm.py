@@ -8,8 +8,8 @@ from typing import Any
 
 from hybridflow.engines.record import DecodeTerms, EngineTraits, PackageRequirement, register_engine
 from hybridflow.errors import UserError
+from hybridflow.units import GIB
 
-GIB = 1024**3
 # The vLLM releases the engine supports (setup.py's [vllm] extra says the same; a test ties them).
 VLLM_VERSIONS = ">=0.20,<0.35"
 # Host memory of one engine process (Python, torch, vLLM, the CUDA runtime's host state): a round figure,

@@ -25,8 +25,10 @@ from hybridflow.families.record import (
 )
 from hybridflow.families.shape import (
     HF_CONFIG_FILE,
+    VOCAB_DIVISIBLE_BY,
     ModelShape,
     family_of_hf,
+    padded_vocab_size,
     read_hf_config,
     resolved_head_dim,
     shape_from_hf,
@@ -34,8 +36,8 @@ from hybridflow.families.shape import (
 from hybridflow.families.weights import decoder_layer_weights, local_name, weight_table
 
 __all__ = [
-    "HF_CONFIG_FILE", "Layout", "ModelFamily", "ModelShape", "WeightMapping", "causal_lm_architectures",
-    "decoder_layer_weights", "family", "family_for_architecture", "family_for_gguf", "family_of_hf", "local_name",
-    "read_hf_config", "register_family", "registered_families", "resolved_head_dim", "shape_from_hf",
-    "supported_architectures", "weight_table",
+    "HF_CONFIG_FILE", "VOCAB_DIVISIBLE_BY", "Layout", "ModelFamily", "ModelShape", "WeightMapping",
+    "causal_lm_architectures", "decoder_layer_weights", "family", "family_for_architecture", "family_for_gguf",
+    "family_of_hf", "local_name", "padded_vocab_size", "read_hf_config", "register_family", "registered_families",
+    "resolved_head_dim", "shape_from_hf", "supported_architectures", "weight_table",
 ]

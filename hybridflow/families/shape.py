@@ -15,7 +15,18 @@ from typing import Any
 
 from hybridflow.families.record import ModelFamily, ModelShape, family, family_for_architecture
 
-__all__ = ["HF_CONFIG_FILE", "ModelShape", "family_of_hf", "read_hf_config", "resolved_head_dim", "shape_from_hf"]
+__all__ = ["HF_CONFIG_FILE", "VOCAB_DIVISIBLE_BY", "ModelShape", "family_of_hf", "padded_vocab_size",
+           "read_hf_config", "resolved_head_dim", "shape_from_hf"]
+
+# megatron's make_vocab_size_divisible_by: the embedding and LM head hold the vocabulary padded to a multiple
+# of this times TP (the planner sizes them so; megatron_adapters.model builds them so).
+VOCAB_DIVISIBLE_BY = 128
+
+
+def padded_vocab_size(vocab_size: int, tp: int, make_vocab_size_divisible_by: int = VOCAB_DIVISIBLE_BY) -> int:
+    """megatron's rule: `vocab_size` rounded up to a multiple of `make_vocab_size_divisible_by * tp`."""
+    multiple = make_vocab_size_divisible_by * tp
+    return -(-vocab_size // multiple) * multiple
 
 HF_CONFIG_FILE = "config.json"
 

@@ -69,12 +69,12 @@ from typing import Self
 from hybridflow.config.experiment import ExperimentConfig, engine_of
 from hybridflow.config.model import DTYPE_BYTES, ModelConfig
 from hybridflow.config.parallel import TRAINED_ROLES, VALUE_HEAD_ROLES, Role, RoleConfig, micro_batch_split
+from hybridflow.families import padded_vocab_size
 from hybridflow.placement.mesh import ParallelDims
 from hybridflow.placement.param_count import layer_matmul_params
+from hybridflow.units import GIB  # noqa: F401  (placement re-exports it)
 
-GIB = 2**30
 GRAD_BYTES = 4  # fp32 main grads
-VOCAB_DIVISIBLE_BY = 128  # megatron's make_vocab_size_divisible_by (x tp)
 
 
 class BytesByPart:
@@ -101,8 +101,8 @@ class MemoryEstimate(BytesByPart):
 
 
 def padded_vocab(model: ModelConfig, tp: int) -> int:
-    multiple = VOCAB_DIVISIBLE_BY * tp
-    return math.ceil(model.vocab_size / multiple) * multiple
+    """The vocabulary megatron builds at `tp` (hybridflow.families.padded_vocab_size, megatron_adapters' rule)."""
+    return padded_vocab_size(model.vocab_size, tp)
 
 
 def layer_params(model: ModelConfig, tp: int) -> int:
