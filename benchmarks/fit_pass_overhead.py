@@ -27,12 +27,12 @@ from pathlib import Path
 
 import torch
 
-from hybridflow.config import load_experiment
 from hybridflow.placement import plan_placement
 from hybridflow.placement.auto.cost_model import role_stage_times
 from hybridflow.placement.auto.device import DeviceSpec, efficiency_for
 from hybridflow.placement.auto.from_config import memory_from_config, workload_at_lengths
 from hybridflow.placement.auto.strategy import Strategy
+from hybridflow.resolve import resolve_experiment
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # measured stage name -> (role, cost-model stage)
@@ -68,7 +68,7 @@ def points() -> list[tuple[str, str, float, float, float]]:
     """(run, pass, measured s, predicted s at both figures 0, offloaded parameters x optimizer steps)."""
     out = []
     for label, experiment, overrides, lengths, measured in runs():
-        cfg = load_experiment(experiment, [*overrides, *MEASURED_AT])
+        cfg = resolve_experiment(experiment, [*overrides, *MEASURED_AT])
         plan = plan_placement(cfg)
         workload = workload_at_lengths(cfg, lengths)
         device = DeviceSpec.from_cluster(cfg.cluster)

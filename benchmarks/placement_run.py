@@ -13,10 +13,10 @@ from pathlib import Path
 from benchmarks.predict import predict_plan
 from benchmarks.provenance import REPO_ROOT
 from benchmarks.run_summary import read_rl_records, summarize
-from hybridflow.config import load_experiment
 from hybridflow.errors import UserError
 from hybridflow.launch.ports import free_port
 from hybridflow.placement import plan_placement
+from hybridflow.resolve import resolve_experiment
 
 # Keys the harness sets itself; the same keys among the user's overrides are dropped.
 OWNED_KEYS = ("placement", "trainer.output_dir", "trainer.total_steps", "trainer.warmup_sft_steps",
@@ -92,7 +92,7 @@ def run_placement(sweep: Sweep, placement: str, simulate: bool) -> dict:
     record: dict = {"experiment": sweep.experiment, "placement": placement, "warmup_steps": sweep.warmup_steps,
                     "steps": sweep.steps}
     # A bad key or placement name is the user's error (raised); a plan the planner rejects is a result.
-    cfg = load_experiment(sweep.experiment, run_overrides(sweep, placement, run_dir, None))
+    cfg = resolve_experiment(sweep.experiment, run_overrides(sweep, placement, run_dir, None))
     try:
         plan = plan_placement(cfg)
     except UserError as err:

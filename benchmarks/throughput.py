@@ -26,8 +26,9 @@ from benchmarks.placement_run import Sweep, run_name, run_placement, user_overri
 from benchmarks.provenance import REPO_ROOT, provenance
 from benchmarks.report import measured_table, plot_stage_times, simulated_table, stage_table
 from benchmarks.simulate import GPU_COUNTS, SIZES, simulate_grid
-from hybridflow.config import load_experiment, split_argv
+from hybridflow.config import split_argv
 from hybridflow.errors import cli_errors
+from hybridflow.resolve import resolve_experiment
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, str, list[str]]:
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         cases = [(name, user_overrides(extra)) for name, extra in variants(args.variant)]
         dropped += [d for _, (_, variant_dropped) in cases for d in variant_dropped]
         for _, (extra, _) in cases:  # a bad key fails here, once, before any placement
-            load_experiment(experiment, kept + extra)
+            resolve_experiment(experiment, kept + extra)
         if dropped:
             print(f"note: the harness sets {', '.join(dropped)} itself; ignored", file=sys.stderr)
         meta = provenance()

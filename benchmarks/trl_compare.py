@@ -28,9 +28,9 @@ from pathlib import Path
 from benchmarks.placement_run import Sweep, run_name, run_overrides, run_placement
 from benchmarks.provenance import REPO_ROOT, provenance
 from benchmarks.trl_grpo import SharedWork, grpo_config_kwargs
-from hybridflow.config import load_experiment
 from hybridflow.errors import cli_errors
 from hybridflow.placement import plan_placement
+from hybridflow.resolve import resolve_experiment
 
 PROMPT_LENGTH = 32  # data.max_prompt_length; the built-in prompts are a few characters
 
@@ -123,7 +123,7 @@ def build_checkpoint(experiment: str, model_dir: Path, seed: int, weights: bool 
     from hybridflow.data import build_char_tokenizer
     from hybridflow.trainer.model_files import random_hf_checkpoint
 
-    shape = load_experiment(experiment, model_overrides(model)).model
+    shape = resolve_experiment(experiment, model_overrides(model)).model
     if weights and not any(model_dir.glob("*.safetensors")):
         random_hf_checkpoint(shape, model_dir, seed)
     elif not weights:
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
             build_checkpoint(args.experiment, model_dir, args.seed, weights=False, model=args.model)
         sweep = Sweep(args.experiment, tuple(overrides), work.warmup_steps, work.steps, out / "hybridflow")
         # Bad keys or a placement the planner rejects fail here, before the weights are built.
-        configs = [load_experiment(args.experiment, run_overrides(sweep, p, sweep.out_dir / run_name(p), None))
+        configs = [resolve_experiment(args.experiment, run_overrides(sweep, p, sweep.out_dir / run_name(p), None))
                    for p in placements]
         for cfg in configs:
             plan_placement(cfg)

@@ -27,9 +27,10 @@ from benchmarks.provenance import REPO_ROOT, provenance
 from benchmarks.run_summary import read_rl_records
 from benchmarks.trl_compare import parse_with_overrides
 from benchmarks.trl_grpo import SharedWork, grpo_config_kwargs
-from hybridflow.config import ExperimentConfig, load_experiment
+from hybridflow.config import ExperimentConfig
 from hybridflow.errors import UserError, cli_errors
 from hybridflow.launch.ports import free_port
+from hybridflow.resolve import resolve_experiment
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -161,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     with cli_errors():
         args, extra = parse_args(sys.argv[1:] if argv is None else argv)
         out = args.out.resolve()
-        cfg = load_experiment(args.experiment, extra)
+        cfg = resolve_experiment(args.experiment, extra)
         seeds = [int(s) for s in args.seeds.split(",")]
         if args.dry_run:
             work = shared_work(cfg, args.steps or cfg.trainer.total_steps, args.eval_every or cfg.trainer.val_every,

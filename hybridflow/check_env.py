@@ -9,10 +9,11 @@ import sys
 from collections.abc import Sequence
 
 from hybridflow.algorithms import check_algorithm
-from hybridflow.config import load_experiment, split_argv
+from hybridflow.config import split_argv
 from hybridflow.errors import cli_errors
 from hybridflow.launch.env_checks import Finding, Needs, check_all
 from hybridflow.placement import plan_placement
+from hybridflow.resolve import resolve_experiment
 
 MARK = {"ok": " ok ", "info": "info", "warn": "WARN", "fail": "FAIL"}
 
@@ -35,7 +36,7 @@ def needs_from_argv(overrides: Sequence[str]) -> Needs:
     experiment, rest = split_argv(overrides, default_experiment=None)
     if experiment is None and not rest:
         return Needs()
-    cfg = load_experiment(experiment, rest)
+    cfg = resolve_experiment(experiment, rest)
     check_algorithm(cfg)
     return Needs.from_experiment(cfg, plan_placement(cfg))
 

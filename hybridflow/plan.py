@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hybridflow.algorithms import check_algorithm
-from hybridflow.config import load_experiment, split_argv
+from hybridflow.config import split_argv
 from hybridflow.data.vocabulary import check_run_tokens, stop_ids_source
 from hybridflow.engines import AUTO
 from hybridflow.errors import cli_errors
@@ -23,6 +23,7 @@ from hybridflow.placement.auto.explain import overlap_text
 from hybridflow.placement.auto.from_config import plan_candidate
 from hybridflow.placement.engine_choice import choose_engine
 from hybridflow.placement.report import format_plan
+from hybridflow.resolve import resolve_experiment
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -34,7 +35,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     with cli_errors():
-        cfg = load_experiment(*split_argv(args.overrides))
+        cfg = resolve_experiment(*split_argv(args.overrides))
         check_algorithm(cfg)  # what the algorithm needs from the run (its record), before planning
         if args.cfg:
             print(job_config_yaml(cfg), end="")

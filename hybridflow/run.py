@@ -15,13 +15,14 @@ import sys
 from pathlib import Path
 
 from hybridflow.algorithms import check_algorithm
-from hybridflow.config import ExperimentConfig, load_experiment, split_argv
+from hybridflow.config import ExperimentConfig, split_argv
 from hybridflow.errors import cli_errors
 from hybridflow.launch import LauncherEnv, LaunchError, LaunchInterrupted, detect_launcher, launch_local
 from hybridflow.launch.command_help import config_parser, job_config_yaml, parse_config_args
 from hybridflow.launch.known_warnings import quiet_known_noise
 from hybridflow.placement import Plan, plan_placement
 from hybridflow.placement.report import plan_summary
+from hybridflow.resolve import resolve_experiment
 from hybridflow.trainer import resume
 from hybridflow.trainer.plan_file import plan_path, read_plan, write_plan
 from hybridflow.trainer.preflight import check_devices, preflight
@@ -40,7 +41,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         with cli_errors():
             experiment, overrides = split_argv(args.overrides)
-            cfg = load_experiment(experiment, overrides)
+            cfg = resolve_experiment(experiment, overrides)
             check_algorithm(cfg)
             if args.cfg:
                 print(job_config_yaml(cfg), end="")
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"  wrote {plan_file}", flush=True)
                 return
             offset = resume.metrics_size(out)
-            _launch(cfg, plan, experiment, overrides, launcher)
+            _launch(cfg, plan, launcher)
     except (KeyboardInterrupt, LaunchInterrupted) as err:
         if first:
             # On a line of its own: rank 0's progress bar may have left the cursor mid-line.
@@ -96,8 +97,7 @@ def _interrupted(cfg: ExperimentConfig | None, argv: list[str], start_step: int,
     return resume.interrupted_line(step, cfg, shlex.join(["python", "-m", "hybridflow.run", *argv]))
 
 
-def _launch(cfg: ExperimentConfig, plan: Plan, experiment: str | None, overrides: list[str],
-            launcher: LauncherEnv | None) -> None:
+def _launch(cfg: ExperimentConfig, plan: Plan, launcher: LauncherEnv | None) -> None:
     """Train: in this process under torchrun/srun, else in one local process per planned rank."""
     log_dir = Path(cfg.trainer.output_dir) / "logs"
     quiet_known_noise(log_dir=log_dir)
@@ -105,10 +105,10 @@ def _launch(cfg: ExperimentConfig, plan: Plan, experiment: str | None, overrides
     from hybridflow.trainer.rank_main import rank_main
 
     if launcher is not None:
-        rank_main(experiment, overrides)
+        rank_main(str(plan_path(cfg)))
         return
     try:
-        results = launch_local(plan, rank_main, (experiment, overrides), cfg.distributed, log_dir)
+        results = launch_local(plan, rank_main, (str(plan_path(cfg)),), cfg.distributed, log_dir)
     except LaunchError as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(1) from None

@@ -21,12 +21,13 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from hybridflow.algorithms import check_algorithm
-from hybridflow.config import ExperimentConfig, load_experiment, split_argv
+from hybridflow.config import ExperimentConfig, split_argv
 from hybridflow.errors import UserError, cli_errors
 from hybridflow.launch.command_help import config_parser, job_config_yaml, parse_config_args
 from hybridflow.launch.sbatch_script import builtin_templates, layout_from_plan, render_sbatch
 from hybridflow.launch.slurm_config import SlurmConfig
 from hybridflow.placement import plan_placement
+from hybridflow.resolve import resolve_experiment
 
 SLURM_PREFIX = "slurm."
 
@@ -54,11 +55,11 @@ def _has_slurm_field() -> bool:
 def load_job(argv_overrides: Sequence[str]) -> tuple[ExperimentConfig, SlurmConfig, list[str]]:
     """The experiment, the Slurm settings and the overrides the job's run command gets."""
     if _has_slurm_field():
-        cfg = load_experiment(*split_argv(argv_overrides))
+        cfg = resolve_experiment(*split_argv(argv_overrides))
         check_algorithm(cfg)
         return cfg, cfg.slurm, [o for o in argv_overrides if not o.startswith(SLURM_PREFIX)]
     slurm, run_overrides = parse_slurm_overrides(argv_overrides)
-    cfg = load_experiment(*split_argv(run_overrides))
+    cfg = resolve_experiment(*split_argv(run_overrides))
     check_algorithm(cfg)
     return cfg, slurm, run_overrides
 

@@ -23,7 +23,7 @@ from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
 from transformers import AutoConfig, PretrainedConfig
 
-from hybridflow.families import ModelShape, shape_from_hf
+from hybridflow.families import VOCAB_DIVISIBLE_BY, ModelShape, padded_vocab_size, shape_from_hf
 from megatron_adapters.packed_rotary import is_thd, per_token_rotary, with_host_offsets
 from megatron_adapters.specs import HOST_OFFSET_SPECS, layer_spec, resolve_spec_name
 
@@ -45,12 +45,6 @@ def model_shape(hf_config) -> ModelShape:
     """The parallelism-independent shape of an HF model (validates the architecture; see
     ``hybridflow.families.shape_from_hf``, the planner's reading of the same config)."""
     return shape_from_hf(load_hf_config(hf_config))
-
-
-def padded_vocab_size(vocab_size: int, tp: int, make_vocab_size_divisible_by: int = 128) -> int:
-    """megatron's rule: round up to a multiple of ``make_vocab_size_divisible_by * tp``."""
-    multiple = make_vocab_size_divisible_by * tp
-    return -(-vocab_size // multiple) * multiple
 
 
 @dataclass(frozen=True)
@@ -234,7 +228,7 @@ def build_gpt(
     head: str = "lm",
     dtype: torch.dtype = torch.float32,
     spec: str = "auto",
-    make_vocab_size_divisible_by: int = 128,
+    make_vocab_size_divisible_by: int = VOCAB_DIVISIBLE_BY,
     **config_overrides,
 ) -> GPTModel:
     """Build this rank's stage of an HF decoder as a megatron-core ``GPTModel``.

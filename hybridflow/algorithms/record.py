@@ -1,7 +1,7 @@
 """One RL algorithm as one record: how to build its pieces from the config and what it needs from the run.
 
-A record lives in its own module under `hybridflow/algorithms/builtin/` (the registry finds it there) or is
-registered with `register_algorithm(name, record)`; nothing else looks at `algorithm.name`.
+A record carries its name and is registered with `register_algorithm(record)`, by its own module under
+`hybridflow/algorithms/builtin/` or by user code; nothing else looks at `algorithm.name`.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ class Algorithm:
 class AlgorithmRecord:
     """What one `algorithm.name` is: its builder and the facts the run is checked against before planning."""
 
+    name: str  # `algorithm.name`
     build: Callable[[ExperimentConfig], Algorithm]
     critic: bool  # reads a critic's values (GAE); a critic-free one refuses an enabled critic (it would idle)
     groups: bool  # compares the n samples of a prompt: rollout.n_samples_per_prompt >= 2

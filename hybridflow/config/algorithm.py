@@ -16,7 +16,7 @@ LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 
 @dataclass
 class AlgorithmConfig:
-    name: str = "ppo"  # a registered algorithm (hybridflow/algorithms/builtin/<name>.py), checked before planning
+    name: str = "ppo"  # a registered algorithm (hybridflow.algorithms: register_algorithm), checked before planning
     gamma: float = bounded(1.0, ge=0, le=1)
     lam: float = bounded(0.95, ge=0, le=1)
     cliprange: float = bounded(0.2, gt=0, le=1)

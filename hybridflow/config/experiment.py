@@ -11,12 +11,18 @@ from hybridflow.config.algorithm import AlgorithmConfig
 from hybridflow.config.bounds import check_bounds
 from hybridflow.config.cluster import ClusterConfig, resolve_cluster
 from hybridflow.config.data import DataConfig, RewardConfig
-from hybridflow.config.model import ModelConfig, apply_hf_checkpoint, check_same_vocab, validate_model
+from hybridflow.config.model import (
+    CheckpointResolver,
+    ModelConfig,
+    apply_hf_checkpoint,
+    check_same_vocab,
+    validate_model,
+)
 from hybridflow.config.parallel import MODEL_ROLES, RolesConfig
 from hybridflow.config.placement import PlacementConfig
 from hybridflow.config.rollout import RolloutConfig
 from hybridflow.config.trainer import DistributedConfig, TrainerConfig
-from hybridflow.engines import AUTO, with_engine
+from hybridflow.engines import AUTO, EngineRecord, get_engine
 from hybridflow.errors import UserError
 
 
@@ -51,13 +57,31 @@ def with_role_settings(cfg: ExperimentConfig, settings: Mapping[str, Mapping[str
     return dataclasses.replace(cfg, roles=dataclasses.replace(cfg.roles, **updated))
 
 
-def finalize_experiment(cfg: ExperimentConfig) -> ExperimentConfig:
-    """Fill derived defaults (checkpoint shapes, GPU figures, ref layout) and check every field's declared
-    range (`check_bounds`), then the rules between fields."""
-    cfg.model = apply_hf_checkpoint(cfg.model, "model")
+def engine_of(cfg: ExperimentConfig) -> EngineRecord:
+    """The record of `cfg.rollout.engine` (a resolved config: not auto)."""
+    return get_engine(cfg.rollout.engine)
+
+
+def with_engine(cfg: ExperimentConfig, name: str) -> ExperimentConfig:
+    """`cfg` with rollout.engine=`name` and the engine's defaults filled where unset (trainer.parity_every);
+    a shallow copy, `cfg` is left as it is."""
+    record = get_engine(name)
+    trainer = cfg.trainer
+    if trainer.parity_every is None:
+        trainer = dataclasses.replace(trainer, parity_every=record.traits.parity_every)
+    return dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, engine=name), trainer=trainer)
+
+
+def finalize_experiment(cfg: ExperimentConfig, checkpoints: CheckpointResolver | None = None) -> ExperimentConfig:
+    """Fill derived defaults (checkpoint shapes, GPU figures, ref layout, the engine's defaults) and check every
+    field's declared range (`check_bounds`), then the rules between fields.
+
+    `checkpoints` turns `packaged`/`keep_layers` into a checkpoint directory; only the launching process passes
+    one (hybridflow.resolve), and ranks read the finished config from plan.json instead of finalizing again."""
+    cfg.model = apply_hf_checkpoint(cfg.model, "model", checkpoints)
     for name in ("critic_model", "reward_model"):
         if getattr(cfg, name) is not None:
-            setattr(cfg, name, apply_hf_checkpoint(getattr(cfg, name), name))
+            setattr(cfg, name, apply_hf_checkpoint(getattr(cfg, name), name, checkpoints))
     check_bounds(cfg)
     for name in ("model", "critic_model", "reward_model"):
         if getattr(cfg, name) is not None:

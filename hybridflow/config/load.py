@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from hybridflow.config.experiment import ExperimentConfig, finalize_experiment
+from hybridflow.config.model import CheckpointResolver
 from hybridflow.config.store import register_schema
 from hybridflow.errors import UserError
 
@@ -51,7 +52,8 @@ def split_argv(
     return experiment, overrides
 
 
-def load_experiment(experiment: str | None, overrides: Sequence[str] = ()) -> ExperimentConfig:
+def load_experiment(experiment: str | None, overrides: Sequence[str] = (),
+                    checkpoints: CheckpointResolver | None = None) -> ExperimentConfig:
     """Compose conf/config.yaml (+ `experiment/<experiment>.yaml`) with `overrides`, type-check it against
     the ConfigStore schema and return the typed, finalized `ExperimentConfig`.
 
@@ -75,7 +77,7 @@ def load_experiment(experiment: str | None, overrides: Sequence[str] = ()) -> Ex
         # OmegaConf asserts when an override sets a key below a null node (e.g. critic_model.hidden_size).
         raise UserError(_null_parent_error(root, experiment, overrides)) from None
     assert isinstance(cfg, ExperimentConfig)
-    return finalize_experiment(cfg)
+    return finalize_experiment(cfg, checkpoints)
 
 
 OPEN_DICTS = ("placement.resources", "rollout.engine_args")  # free-form maps; everything else is closed

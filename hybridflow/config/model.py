@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import json
+from collections.abc import Callable
 from dataclasses import dataclass, fields
-from pathlib import Path
 
 from hybridflow.config.bounds import bounded, check_bounds
 from hybridflow.errors import UserError
@@ -12,6 +11,7 @@ from hybridflow.families import (
     ModelFamily,
     causal_lm_architectures,
     family_for_architecture,
+    read_hf_config,
     resolved_head_dim,
     shape_from_hf,
     supported_architectures,
@@ -85,47 +85,44 @@ _HF_SHAPE_FIELDS = tuple(f.name for f in fields(ModelConfig)
                          if f.name not in ("architecture", "path", "packaged", "keep_layers", "dtype"))
 
 
-def apply_hf_checkpoint(model: ModelConfig, field: str) -> ModelConfig:
+# Resolves `packaged` and `keep_layers` into a checkpoint directory (`path`), converting or cutting once into
+# the cache: hybridflow.resolve.resolve_checkpoint, which the launching process passes in. Config itself never
+# converts (that needs transformers, GGUF and a file lock), so a rank that reads plan.json never does either.
+CheckpointResolver = Callable[[ModelConfig, str], ModelConfig]
+
+
+def needs_resolving(model: ModelConfig) -> bool:
+    """Whether `model` names a packaged model or a layer cut that the launcher turns into `path`."""
+    return model.packaged is not None or model.keep_layers is not None
+
+
+def apply_hf_checkpoint(model: ModelConfig, field: str, checkpoints: CheckpointResolver | None = None
+                        ) -> ModelConfig:
     """Return `model` with its shape read from `model.path/config.json` (the checkpoint is the truth), after
-    resolving `packaged` and `keep_layers` into that path."""
-    model = _resolve_checkpoint(model, field)
+    `checkpoints` resolved `packaged` and `keep_layers` into that path."""
+    if needs_resolving(model):
+        check_bounds(model, f"{field}.")  # the user's own values (keep_layers >= 1) before anything is made
+        if checkpoints is None:
+            raise UserError(f"{field}.packaged/{field}.keep_layers: resolved by the launching process; compose "
+                            "this config with hybridflow.resolve.resolve_experiment (python -m hybridflow.run or "
+                            f"hybridflow.plan do), or set {field}.path to a converted checkpoint")
+        model = checkpoints(model, field)
     if model.path is None:
         return model
-    config_file = Path(model.path) / "config.json"
-    if not config_file.is_file():
-        raise UserError(f"{field}.path: {model.path!r} has no config.json; point it at a local HF model directory")
-    hf = json.loads(config_file.read_text())
+    try:
+        hf = read_hf_config(model.path)
+    except FileNotFoundError:
+        raise UserError(f"{field}.path: {model.path!r} has no config.json; point it at a local HF model directory"
+                        ) from None
     hf.setdefault("architectures", [model.architecture])
     try:
         shape = shape_from_hf(hf)  # the runtime's reading of the same file (megatron_adapters.model.model_shape)
-    except ValueError as err:
+    except (ValueError, UserError) as err:
         raise UserError(f"{field}.path: {model.path}/config.json: {err}") from None
     values = {name: hf[name] for name in _HF_SHAPE_FIELDS if name in hf}
     values.update(architecture=hf["architectures"][0], num_key_value_heads=shape.num_kv_heads,
                   head_dim=shape.head_dim)
     return ModelConfig(**{**model.__dict__, **values})
-
-
-def _resolve_checkpoint(model: ModelConfig, field: str) -> ModelConfig:
-    if model.packaged is None and model.keep_layers is None:
-        return model
-    check_bounds(model, f"{field}.")  # the user's own values (keep_layers >= 1) before anything is made from them
-    # Imported only here: the cache converts with transformers, which plain configs never need.
-    from hybridflow.convert.packaged_model import first_layers, packaged_checkpoint
-
-    keep = model.keep_layers
-    if model.packaged is not None:
-        source = packaged_checkpoint(model.packaged)
-        resolved = first_layers(source, keep, field) if keep is not None else source
-        # A finalized config (path already resolved) passes through again unchanged.
-        if model.path is not None and Path(model.path) != resolved:
-            raise UserError(f"{field}.path: set together with {field}.packaged={model.packaged}; set only one")
-    elif model.path is None:
-        raise UserError(f"{field}.keep_layers: needs a checkpoint ({field}.path or {field}.packaged); "
-                        f"without one set {field}.num_hidden_layers")
-    else:
-        resolved = first_layers(Path(model.path), keep, field)
-    return ModelConfig(**{**model.__dict__, "path": str(resolved)})
 
 
 def validate_model(model: ModelConfig, field: str) -> None:

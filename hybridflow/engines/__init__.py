@@ -12,10 +12,8 @@ from hybridflow.engines.record import (
     EngineTraits,
     PackageRequirement,
     engine_names,
-    engine_of,
     get_engine,
     register_engine,
-    with_engine,
 )
 
 DEFAULT_ENGINE = megatron.MEGATRON.name
@@ -28,8 +26,6 @@ __all__ = [
     "EngineTraits",
     "PackageRequirement",
     "engine_names",
-    "engine_of",
     "get_engine",
     "register_engine",
-    "with_engine",
 ]

@@ -4,13 +4,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hybridflow.engines.record import DecodeTerms, EngineTraits, register_engine
-
-if TYPE_CHECKING:
-    from hybridflow.config.experiment import ExperimentConfig
-    from hybridflow.config.rollout import RolloutConfig
 
 
 @dataclass(frozen=True)
@@ -23,12 +19,13 @@ class MegatronEngine:
         # its log-probs are a by-product of sampling, so the parity gate runs every step
         logprobs_free=True, parity_every=1, separate_process=False))
 
-    def kv_cache_bytes(self, cfg: ExperimentConfig, weights: int, batch_kv: int) -> int:
+    def kv_cache_bytes(self, gpu_memory_utilization: float, gpu_memory_gib: float, weights: int,
+                       batch_kv: int) -> int:
         """The native engine sizes its cache for the replica's batch (rollout.gpu_memory_utilization is only
         an upper bound it never reaches in the estimate)."""
         return batch_kv
 
-    def weights_on_host_while_sleeping(self, rollout: RolloutConfig) -> bool:
+    def weights_on_host_while_sleeping(self, sleep_level: int) -> bool:
         return False
 
     def process_host_bytes(self) -> int:

@@ -4,20 +4,19 @@ The record holds the engine's pure facts (traits, its memory and cost-model term
 the config, the planner and the environment check can ask it without importing torch, megatron-core or the
 engine. How to build the engine for a rollout rank is named, not imported: `builder` is an import path
 ("package.module:ATTRIBUTE") that only `hybridflow.roles.rollout_role` resolves, at build time, to an
-`RolloutBuilder` (hybridflow.rollout.base). This package imports nothing of hybridflow at run time, so
-hybridflow.config and hybridflow.placement may import it.
+`RolloutBuilder` (hybridflow.rollout.base). A record takes plain values (never the experiment config): this
+package imports only the leaves hybridflow.errors and hybridflow.registry, so hybridflow.config and
+hybridflow.placement may import it. What the config does with a record (`with_engine`, `engine_of`) is
+hybridflow.config.experiment's.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from hybridflow.errors import UserError
-
-if TYPE_CHECKING:
-    from hybridflow.config.experiment import ExperimentConfig
-    from hybridflow.config.rollout import RolloutConfig
+from hybridflow.registry import Registry
 
 AUTO = "auto"  # rollout.engine=auto: the planner picks the engine its cost model predicts faster
 
@@ -77,14 +76,17 @@ class EngineRecord(Protocol):
     traits: EngineTraits
     builder: str  # "package.module:ATTRIBUTE" of its RolloutBuilder, resolved by the rollout role only
 
-    def kv_cache_bytes(self, cfg: ExperimentConfig, weights: int, batch_kv: int) -> int:
-        """KV cache bytes per rollout GPU, given the GPU's weight shard (`weights`, 0 when shared with the actor)
-        and what this DP replica's batch needs at full length (`batch_kv`). Raises UserError (naming the field)
-        when the engine cannot run at all with these figures."""
+    def kv_cache_bytes(self, gpu_memory_utilization: float, gpu_memory_gib: float, weights: int,
+                       batch_kv: int) -> int:
+        """KV cache bytes per rollout GPU, given rollout.gpu_memory_utilization, the GPU's memory
+        (cluster.gpu_memory_gib), the GPU's weight shard (`weights`, 0 when shared with the actor) and what this
+        DP replica's batch needs at full length (`batch_kv`). Raises UserError (naming the field) when the
+        engine cannot run at all with these figures."""
         ...
 
-    def weights_on_host_while_sleeping(self, rollout: RolloutConfig) -> bool:
-        """Whether sleeping moves the weight shard to host memory (and waking brings it back)."""
+    def weights_on_host_while_sleeping(self, sleep_level: int) -> bool:
+        """Whether sleeping at rollout.sleep_level moves the weight shard to host memory (and waking brings
+        it back)."""
         ...
 
     def process_host_bytes(self) -> int:
@@ -97,43 +99,22 @@ class EngineRecord(Protocol):
         ...
 
 
-_REGISTRY: dict[str, EngineRecord] = {}
+_ENGINES: Registry[EngineRecord] = Registry("engine", "rollout.engine", reserved=(AUTO,))
 
 
 def register_engine(record: EngineRecord) -> EngineRecord:
-    """Add `record` under its name (once per name)."""
-    if record.name in _REGISTRY or record.name == AUTO:
-        raise ValueError(f"rollout engine {record.name!r} is registered already (or reserved)")
-    _REGISTRY[record.name] = record
-    return record
+    """Add `record` under its name (once per name); returns it."""
+    return _ENGINES.add(record.name, record)
 
 
 def engine_names() -> tuple[str, ...]:
     """The registered engines, in registration order (the native engine first)."""
-    return tuple(_REGISTRY)
+    return _ENGINES.names()
 
 
 def get_engine(name: str) -> EngineRecord:
     """The record of engine `name`; `auto` is not an engine (the planner resolves it first)."""
     if name == AUTO:
         raise UserError("rollout.engine: auto is resolved by the planner (hybridflow.placement.plan_placement); "
-                        "ask the plan's rollout_engine, or set rollout.engine to one of " + ", ".join(_REGISTRY))
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise UserError(f"rollout.engine: {name!r} is unknown; use one of {', '.join((*_REGISTRY, AUTO))}") from None
-
-
-def engine_of(cfg: ExperimentConfig) -> EngineRecord:
-    """The record of `cfg.rollout.engine` (a resolved config: not auto)."""
-    return get_engine(cfg.rollout.engine)
-
-
-def with_engine(cfg: ExperimentConfig, name: str) -> ExperimentConfig:
-    """`cfg` with rollout.engine=`name` and the engine's defaults filled where unset (trainer.parity_every);
-    a shallow copy, `cfg` is left as it is."""
-    record = get_engine(name)
-    trainer = cfg.trainer
-    if trainer.parity_every is None:
-        trainer = replace(trainer, parity_every=record.traits.parity_every)
-    return replace(cfg, rollout=replace(cfg.rollout, engine=name), trainer=trainer)
+                        "ask the plan's rollout_engine, or set rollout.engine to one of " + ", ".join(engine_names()))
+    return _ENGINES.get(name)

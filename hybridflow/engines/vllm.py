@@ -4,16 +4,12 @@ bridge through a staging buffer, sleeping between generations. GPU only."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hybridflow.engines.record import DecodeTerms, EngineTraits, PackageRequirement, register_engine
 from hybridflow.errors import UserError
+from hybridflow.units import GIB
 
-if TYPE_CHECKING:
-    from hybridflow.config.experiment import ExperimentConfig
-    from hybridflow.config.rollout import RolloutConfig
-
-GIB = 1024**3
 # The vLLM releases the engine supports (setup.py's [vllm] extra says the same; a test ties them).
 VLLM_VERSIONS = ">=0.20,<0.35"
 # Host memory of one engine process (Python, torch, vLLM, the CUDA runtime's host state): a round figure,
@@ -34,20 +30,21 @@ class VllmEngine:
         logprobs_free=False, parity_every=10, separate_process=True,
         package=PackageRequirement("vllm", VLLM_VERSIONS, extra="vllm")))
 
-    def kv_cache_bytes(self, cfg: ExperimentConfig, weights: int, batch_kv: int) -> int:
+    def kv_cache_bytes(self, gpu_memory_utilization: float, gpu_memory_gib: float, weights: int,
+                       batch_kv: int) -> int:
         """vLLM takes rollout.gpu_memory_utilization of the GPU and fills what its weights leave with KV cache."""
-        budget = int(cfg.rollout.gpu_memory_utilization * cfg.cluster.gpu_memory_gib * GIB)
+        budget = int(gpu_memory_utilization * gpu_memory_gib * GIB)
         if budget <= weights:
             raise UserError(
-                f"rollout.gpu_memory_utilization: {cfg.rollout.gpu_memory_utilization} x "
-                f"{cfg.cluster.gpu_memory_gib} GiB = {budget / GIB:.1f} GiB cannot hold the rollout weights "
+                f"rollout.gpu_memory_utilization: {gpu_memory_utilization} x "
+                f"{gpu_memory_gib} GiB = {budget / GIB:.1f} GiB cannot hold the rollout weights "
                 f"({weights / GIB:.1f} GiB per GPU); raise it or roles.rollout.parallel.tp"
             )
         return budget - weights
 
-    def weights_on_host_while_sleeping(self, rollout: RolloutConfig) -> bool:
+    def weights_on_host_while_sleeping(self, sleep_level: int) -> bool:
         """Sleep level 1 offloads the weights to host memory; level 2 drops them (the bridge rewrites them)."""
-        return rollout.sleep_level == 1
+        return sleep_level == 1
 
     def process_host_bytes(self) -> int:
         return int(VLLM_ENGINE_PROCESS_GIB * GIB)

@@ -8,49 +8,38 @@ has one, else hidden_size / num_attention_heads (`resolved_head_dim`).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from hybridflow.families.record import ModelFamily, family, family_for_architecture
+from hybridflow.families.record import ModelFamily, ModelShape, family, family_for_architecture
+
+__all__ = ["HF_CONFIG_FILE", "VOCAB_DIVISIBLE_BY", "ModelShape", "family_of_hf", "padded_vocab_size",
+           "read_hf_config", "resolved_head_dim", "shape_from_hf"]
+
+# megatron's make_vocab_size_divisible_by: the embedding and LM head hold the vocabulary padded to a multiple
+# of this times TP (the planner sizes them so; megatron_adapters.model builds them so).
+VOCAB_DIVISIBLE_BY = 128
+
+
+def padded_vocab_size(vocab_size: int, tp: int, make_vocab_size_divisible_by: int = VOCAB_DIVISIBLE_BY) -> int:
+    """megatron's rule: `vocab_size` rounded up to a multiple of `make_vocab_size_divisible_by * tp`."""
+    multiple = make_vocab_size_divisible_by * tp
+    return -(-vocab_size // multiple) * multiple
+
+HF_CONFIG_FILE = "config.json"
+
+
+def read_hf_config(checkpoint: str | Path) -> dict[str, Any]:
+    """The `config.json` of HF checkpoint directory `checkpoint`, as a dict: the project's one reader of the file
+    (FileNotFoundError when there is none; callers name their own field in the error)."""
+    return json.loads((Path(checkpoint) / HF_CONFIG_FILE).read_text())
 
 
 def resolved_head_dim(hidden_size: int, num_attention_heads: int, head_dim: int | None = None) -> int:
     """The per-head width: the checkpoint's `head_dim` when set, else hidden_size // num_attention_heads."""
     return head_dim or hidden_size // num_attention_heads
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """What the weight table and the heads need to know about an HF model, independent of parallelism."""
-
-    family: str  # the family's model_type
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    ffn_hidden_size: int
-    vocab_size: int
-    tie_word_embeddings: bool
-
-    @property
-    def record(self) -> ModelFamily:
-        """The family record this shape belongs to."""
-        return family(self.family)
-
-    @property
-    def qkv_bias(self) -> bool:
-        return self.record.qkv_bias
-
-    @property
-    def qk_norm(self) -> bool:
-        return self.record.qk_norm
-
-    @property
-    def q_dim(self) -> int:
-        """Width of all query heads together (num_heads x head_dim; not always hidden_size)."""
-        return self.num_heads * self.head_dim
 
 
 def _getter(hf: Any):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from hybridflow.config.experiment import ExperimentConfig
+from hybridflow.config.experiment import ExperimentConfig, engine_of
 from hybridflow.config.parallel import TRAINED_ROLES
-from hybridflow.engines import engine_names, engine_of, get_engine
+from hybridflow.engines import engine_names, get_engine
 from hybridflow.errors import UserError
 from hybridflow.placement.cluster import GPU, nvlink_domain
 from hybridflow.placement.mesh import ParallelDims, RoleMesh

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hybridflow.config.experiment import ExperimentConfig
-from hybridflow.engines import engine_names, with_engine
+from hybridflow.config.experiment import ExperimentConfig, with_engine
+from hybridflow.engines import engine_names
 from hybridflow.errors import UserError
 from hybridflow.placement.auto import Explanation, search_placement
 from hybridflow.placement.auto.from_config import plan_candidate

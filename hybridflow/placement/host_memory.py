@@ -33,10 +33,9 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from hybridflow.config.experiment import ExperimentConfig
+from hybridflow.config.experiment import ExperimentConfig, engine_of
 from hybridflow.config.model import DTYPE_BYTES
 from hybridflow.config.parallel import MODEL_ROLES, TRAINED_ROLES, Role
-from hybridflow.engines import engine_of
 from hybridflow.placement.cluster import GPU
 from hybridflow.placement.memory import (
     GIB,
@@ -88,7 +87,7 @@ def rank_host_memory(cfg: ExperimentConfig, meshes: Mapping[str, RoleMesh], rank
         if role == Role.ROLLOUT:
             engine = engine_of(cfg)
             processes += engine.process_host_bytes()
-            if engine.weights_on_host_while_sleeping(cfg.rollout):
+            if engine.weights_on_host_while_sleeping(cfg.rollout.sleep_level):
                 rollout += params * DTYPE_BYTES[cfg.rollout.dtype or model.dtype]
             continue
         if role in MODEL_ROLES:

@@ -66,16 +66,15 @@ import math
 from dataclasses import dataclass, fields
 from typing import Self
 
-from hybridflow.config.experiment import ExperimentConfig
+from hybridflow.config.experiment import ExperimentConfig, engine_of
 from hybridflow.config.model import DTYPE_BYTES, ModelConfig
 from hybridflow.config.parallel import TRAINED_ROLES, VALUE_HEAD_ROLES, Role, RoleConfig, micro_batch_split
-from hybridflow.engines import engine_of
+from hybridflow.families import padded_vocab_size
 from hybridflow.placement.mesh import ParallelDims
 from hybridflow.placement.param_count import layer_matmul_params
+from hybridflow.units import GIB  # noqa: F401  (placement re-exports it)
 
-GIB = 2**30
 GRAD_BYTES = 4  # fp32 main grads
-VOCAB_DIVISIBLE_BY = 128  # megatron's make_vocab_size_divisible_by (x tp)
 
 
 class BytesByPart:
@@ -102,8 +101,8 @@ class MemoryEstimate(BytesByPart):
 
 
 def padded_vocab(model: ModelConfig, tp: int) -> int:
-    multiple = VOCAB_DIVISIBLE_BY * tp
-    return math.ceil(model.vocab_size / multiple) * multiple
+    """The vocabulary megatron builds at `tp` (hybridflow.families.padded_vocab_size, megatron_adapters' rule)."""
+    return padded_vocab_size(model.vocab_size, tp)
 
 
 def layer_params(model: ModelConfig, tp: int) -> int:
@@ -305,7 +304,8 @@ def _rollout_memory(
     dtype = cfg.rollout.dtype or model.dtype
     sequences = math.ceil(cfg.data.train_batch_size * cfg.rollout.n_samples_per_prompt / dp)
     batch_kv = sequences * cfg.data.seq_length * kv_bytes_per_token(model, tp, pp, dtype)
-    return MemoryEstimate(weights=weights, kv_cache=engine_of(cfg).kv_cache_bytes(cfg, weights, batch_kv))
+    return MemoryEstimate(weights=weights, kv_cache=engine_of(cfg).kv_cache_bytes(
+        cfg.rollout.gpu_memory_utilization, cfg.cluster.gpu_memory_gib, weights, batch_kv))
 
 
 def rollout_shares_actor_weights(cfg: ExperimentConfig, colocated: bool, actor_tp: int, actor_pp: int,

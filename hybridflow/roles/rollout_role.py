@@ -15,6 +15,7 @@ from hybridflow.placement import RoleMesh
 from hybridflow.roles.model_role import ModelRole
 from hybridflow.roles.replica_results import share_from_role
 from hybridflow.rollout.base import EngineSetup, RolloutBatch, RolloutBuilder, RolloutEngine, SamplingParams
+from hybridflow.units import GIB
 from megatron_adapters.bridge import ReshardStats, WeightBridge, training_shards
 from megatron_adapters.checkpoint import unwrap
 from megatron_adapters.model import model_shape
@@ -106,7 +107,7 @@ def _free_gib() -> float | None:
     if not torch.cuda.is_available():
         return None
     torch.cuda.synchronize()
-    return torch.cuda.mem_get_info()[0] / 2**30
+    return torch.cuda.mem_get_info()[0] / GIB
 
 
 NOT_STARTED = object()  # build_rollout_role's default: the engine's builder starts when the role is built

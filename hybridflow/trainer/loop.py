@@ -10,7 +10,6 @@ import torch.distributed as dist
 from hybridflow.config import ExperimentConfig
 from hybridflow.data import PromptLoader, collate_prompts, collate_sft
 from hybridflow.data.step_batch import StepBatch, pad_columns
-from hybridflow.engines import with_engine
 from hybridflow.errors import UserError
 from hybridflow.placement import Plan
 from hybridflow.roles.model_role import copy_weights
@@ -65,8 +64,8 @@ def _log_samples(log: MetricsLog, tokenizer, cfg: ExperimentConfig, stop_token_i
 
 
 def train(cfg: ExperimentConfig, plan: Plan) -> dict[str, float]:
-    """Run the experiment on this rank; returns the last step's metrics."""
-    cfg = with_engine(cfg, plan.rollout_engine)  # rollout.engine=auto: the engine the planner chose
+    """Run the experiment on this rank (`cfg` as plan.json carries it: resolved, with the plan's engine);
+    returns the last step's metrics."""
     work_dir = Path(cfg.trainer.output_dir)
     built = build_run(cfg, plan, work_dir)
     trainer, tokenizer = built.trainer, built.tokenizer

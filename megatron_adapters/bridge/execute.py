@@ -25,7 +25,7 @@ from megatron_adapters.bridge.vllm_layout import bridge_tensors
 from megatron_adapters.cpu_backend import compute_device
 from megatron_adapters.hf_safetensors import stage_entries
 from megatron_adapters.hf_weights import Layout, te_alias
-from megatron_adapters.model import ModelShape, padded_vocab_size
+from megatron_adapters.model import VOCAB_DIVISIBLE_BY, ModelShape, padded_vocab_size
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ class WeightBridge:
         target: TargetFormat = TargetFormat.VLLM,
         dtype: torch.dtype = torch.bfloat16,
         bucket_bytes: int = 256 << 20,
-        make_vocab_size_divisible_by: int = 128,
+        make_vocab_size_divisible_by: int = VOCAB_DIVISIBLE_BY,
         device: torch.device | None = None,
         cache_views: bool = True,
         staged: bool = False,

@@ -21,7 +21,7 @@ import enum
 from dataclasses import dataclass
 
 from megatron_adapters.hf_weights import Layout
-from megatron_adapters.model import ModelShape, padded_vocab_size
+from megatron_adapters.model import VOCAB_DIVISIBLE_BY, ModelShape, padded_vocab_size
 
 Range = tuple[int, int]
 
@@ -47,7 +47,7 @@ class ShardGeometry:
     padded_vocab: int
 
     @staticmethod
-    def megatron(shape: ModelShape, tp: int, make_vocab_size_divisible_by: int = 128) -> ShardGeometry:
+    def megatron(shape: ModelShape, tp: int, make_vocab_size_divisible_by: int = VOCAB_DIVISIBLE_BY) -> ShardGeometry:
         """Megatron layout at ``tp`` with megatron's vocab padding rule (``model.padded_vocab_size``)."""
         return ShardGeometry(
             TargetFormat.MEGATRON, tp, padded_vocab_size(shape.vocab_size, tp, make_vocab_size_divisible_by)

@@ -74,13 +74,14 @@ def test_reward_side_pieces_follow_the_config():
 def test_a_registered_record_is_checked_and_built_by_its_name(monkeypatch):
     import hybridflow.algorithms.registry as registry
 
-    monkeypatch.setattr(registry, "_RECORDS", dict(registry._RECORDS))  # leave the real table as it was
+    # leave the real table as it was
+    monkeypatch.setattr(registry._ALGORITHMS, "_records", dict(registry._ALGORITHMS._records))
     built = dataclasses.replace(build_algorithm(load_experiment("grpo_tiny_cpu", [])), group_filter=None)
 
     def build(cfg):
         return with_reward_side(cfg, GroupNormalized(2), token_clip(cfg))
 
-    register_algorithm("pairwise", AlgorithmRecord(build, critic=False, groups=True, loss_agg_modes=("token-mean",)))
+    register_algorithm(AlgorithmRecord("pairwise", build, critic=False, groups=True, loss_agg_modes=("token-mean",)))
     cfg = load_experiment("grpo_tiny_cpu", [])
     cfg.algorithm.name = "pairwise"
     assert build_algorithm(cfg) == dataclasses.replace(built, estimator=GroupNormalized(2))
@@ -88,4 +89,4 @@ def test_a_registered_record_is_checked_and_built_by_its_name(monkeypatch):
     with pytest.raises(UserError, match=r"^algorithm\.loss_agg_mode: pairwise is defined with token-mean, "):
         build_algorithm(cfg)
     with pytest.raises(ValueError, match="registered already"):
-        register_algorithm("pairwise", AlgorithmRecord(build, critic=True, groups=False))
+        register_algorithm(AlgorithmRecord("pairwise", build, critic=True, groups=False))

@@ -14,6 +14,7 @@ from hybridflow.config import (
     split_argv,
 )
 from hybridflow.errors import UserError
+from hybridflow.resolve import resolve_experiment
 
 EXPERIMENTS = sorted(p.stem for p in (conf_dir() / "experiment").glob("*.yaml"))
 
@@ -41,7 +42,7 @@ def test_required_experiments_are_shipped():
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_every_experiment_loads_typed(name):
-    cfg = load_experiment(name, [])
+    cfg = resolve_experiment(name, [])  # the launcher's load: a packaged model (grpo_smollm2) is converted
     assert isinstance(cfg, ExperimentConfig)
     assert isinstance(cfg.model, ModelConfig)
     assert cfg.name == name

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from hybridflow.errors import UserError
 from hybridflow.families import (
     ModelFamily,
     causal_lm_architectures,
@@ -23,6 +24,7 @@ from hybridflow.families import (
 )
 
 REPO = Path(__file__).resolve().parents[2]
+LEAVES = ("hybridflow.families", "hybridflow.registry", "hybridflow.errors")
 
 
 def test_lookups_by_every_name():
@@ -34,8 +36,10 @@ def test_lookups_by_every_name():
     assert set(causal_lm_architectures()) == {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
                                               "Qwen3ForCausalLM"}
     assert len(supported_architectures()) == 2 * len(causal_lm_architectures())
-    with pytest.raises(ValueError, match="^model_type: 'gpt2' is not a supported family; use one of llama"):
+    with pytest.raises(UserError, match="^model_type: 'gpt2' is unknown; use one of llama, mistral, qwen2, qwen3$"):
         family("gpt2")
+    with pytest.raises(UserError, match="^architectures: 'GPT2LMHeadModel' is unknown; use one of LlamaForCausalLM"):
+        family_for_architecture("GPT2LMHeadModel")
 
 
 def test_a_second_registration_of_a_name_is_refused():
@@ -54,15 +58,16 @@ def test_head_dim_is_the_checkpoint_key_else_hidden_over_heads():
 
 
 def test_families_is_a_leaf_package():
-    """hybridflow.config and hybridflow.placement import it, so it may import only the standard library and
-    itself (never megatron_adapters, the trainer, roles or rollout, nor torch/transformers)."""
+    """hybridflow.config and hybridflow.placement import it, so it may import only the standard library,
+    itself and the leaves hybridflow.registry and hybridflow.errors (never megatron_adapters, the trainer,
+    roles or rollout, nor torch/transformers)."""
     stdlib = set(sys.stdlib_module_names)
     for path in (REPO / "hybridflow" / "families").glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             for name in names:
-                assert name.split(".")[0] in stdlib or name.startswith("hybridflow.families"), (path.name, name)
+                assert name.split(".")[0] in stdlib or name.startswith(LEAVES), (path.name, name)
 
 
 USER_FAMILY = """

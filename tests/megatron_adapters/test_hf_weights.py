@@ -4,6 +4,7 @@ import pytest
 import torch
 from transformers import GPT2Config
 
+from hybridflow.errors import UserError
 from megatron_adapters.hf_weights import (
     Layout,
     ShardSpec,
@@ -110,6 +111,6 @@ def test_vocab_padding_follows_megatron_rule():
 
 def test_unsupported_architecture_names_the_supported_ones():
     with pytest.raises(
-        ValueError, match="GPT2LMHeadModel.*LlamaForCausalLM.*MistralForCausalLM.*Qwen2ForCausalLM.*Qwen3ForCausalLM"
+        UserError, match="^architectures: 'GPT2LMHeadModel' is unknown; use one of LlamaForCausalLM.*Qwen3ForCausalLM"
     ):
         model_shape(GPT2Config(architectures=["GPT2LMHeadModel"]))

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from hybridflow.config import load_experiment
-from hybridflow.engines import engine_names, get_engine, with_engine
+from hybridflow.config.experiment import with_engine
+from hybridflow.engines import engine_names, get_engine
 from hybridflow.errors import UserError
 from hybridflow.placement import plan_placement
 from hybridflow.placement.auto.from_config import plan_candidate

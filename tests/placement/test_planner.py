@@ -7,24 +7,25 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hybridflow.config import ClusterConfig, conf_dir, load_experiment
+from hybridflow.config import ClusterConfig, conf_dir
 from hybridflow.config.cluster import resolve_cluster
 from hybridflow.errors import UserError
 from hybridflow.placement import GIB, Dims, build_plan, plan_placement
+from hybridflow.resolve import resolve_experiment
 
 EXPERIMENTS = sorted(p.stem for p in (conf_dir() / "experiment").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_every_shipped_experiment_plans_within_capacity(name):
-    plan = plan_placement(load_experiment(name, []))
+    plan = plan_placement(resolve_experiment(name, []))
     assert plan.over_capacity() == []
-    assert set(plan.meshes) == set(load_experiment(name, []).roles.enabled_roles())
+    assert set(plan.meshes) == set(resolve_experiment(name, []).roles.enabled_roles())
     json.dumps(plan.to_json())  # serialisable
 
 
 def test_split_placement_plan():
-    plan = plan_placement(load_experiment("ppo_llama3_8b", []))
+    plan = plan_placement(resolve_experiment("ppo_llama3_8b", []))
     assert plan.meshes["actor"].ranks == (0, 1, 2, 3) and plan.meshes["actor"].tp == 4
     # the zero-redundancy grouping at rollout tp2 under actor tp4: stride-2 groups, as the run builds them
     assert plan.meshes["rollout"].tp_groups() == [(0, 2), (1, 3)]
@@ -39,7 +40,7 @@ def test_split_placement_plan():
 def test_rollout_tp_groups_are_the_bridge_generation_groups():
     from megatron_adapters.bridge import build_reshard_plan
 
-    plan = plan_placement(load_experiment("ppo_llama3_8b", []))
+    plan = plan_placement(resolve_experiment("ppo_llama3_8b", []))
     actor, rollout = plan.meshes["actor"], plan.meshes["rollout"]
     bridge = build_reshard_plan(actor, rollout)
     assert rollout.tp_groups() == bridge.generation_tp_groups()
@@ -52,22 +53,22 @@ def test_rollout_tp_groups_are_the_bridge_generation_groups():
 def test_vllm_rollout_on_a_subset_and_below_the_actor_tp_plans(experiment, overrides, groups):
     # vLLM runs in engine processes whose world is the rollout in generation order, so any subset and any
     # TP_g the bridge supports can be served; the plan holds the groups the engines build.
-    plan = plan_placement(load_experiment(experiment, ["rollout=vllm", *overrides]))
+    plan = plan_placement(resolve_experiment(experiment, ["rollout=vllm", *overrides]))
     assert plan.meshes["rollout"].tp_groups() == groups
 
 
 def test_vllm_rollout_on_every_gpu_at_the_actor_tp_plans():
-    plan = plan_placement(load_experiment("ppo_llama3_8b_4gpu", []))
+    plan = plan_placement(resolve_experiment("ppo_llama3_8b_4gpu", []))
     assert plan.meshes["rollout"].ranks == (0, 1, 2, 3) and plan.meshes["rollout"].tp == 4
 
 
 def test_node_local_lists_and_two_nodes():
-    cfg = load_experiment("ppo_llama3_70b_2node", [])
+    cfg = resolve_experiment("ppo_llama3_70b_2node", [])
     plan = plan_placement(cfg)
     assert plan.world_size == 16 and plan.gpus[9].node == 1 and plan.gpus[9].local_index == 1
     assert plan.meshes["actor"].pp_groups()[0] == (0, 8)  # PP crosses nodes, TP does not
     assert plan.meshes["critic"].ranks == tuple(range(8)) and plan.meshes["reward"].ranks == tuple(range(8, 16))
-    cfg = load_experiment(
+    cfg = resolve_experiment(
         "ppo_llama3_8b",
         [
             "cluster=2node_8gpu",
@@ -84,16 +85,16 @@ def test_node_local_lists_and_two_nodes():
 
 
 def test_native_rollout_on_actor_layout_shares_weights():
-    plan = plan_placement(load_experiment("tiny_cpu", []))
+    plan = plan_placement(resolve_experiment("tiny_cpu", []))
     assert plan.role_memory[0]["rollout"].weights == 0
-    plan = plan_placement(load_experiment("tiny_cpu", ["roles.rollout.parallel.tp=1"]))
+    plan = plan_placement(resolve_experiment("tiny_cpu", ["roles.rollout.parallel.tp=1"]))
     assert plan.role_memory[0]["rollout"].weights > 0
 
 
 def test_dp_derived_or_checked():
-    plan = plan_placement(load_experiment("tiny_cpu", ["roles.critic.parallel.dp=4"]))
+    plan = plan_placement(resolve_experiment("tiny_cpu", ["roles.critic.parallel.dp=4"]))
     assert plan.meshes["critic"].dp == 4
-    assert plan_placement(load_experiment("tiny_cpu", [])).meshes["actor"].dp == 2
+    assert plan_placement(resolve_experiment("tiny_cpu", [])).meshes["actor"].dp == 2
 
 
 # Each bad input from the issue: (experiment, overrides, expected message start).
@@ -227,13 +228,13 @@ BAD_INPUTS = {
 def test_bad_input_names_field_and_fix(case):
     experiment, overrides, match = BAD_INPUTS[case]
     with pytest.raises(UserError, match=match) as err:
-        plan_placement(load_experiment(experiment, overrides))
+        plan_placement(resolve_experiment(experiment, overrides))
     message = str(err.value)
     assert "\n" not in message and "; " in message, message
 
 
 def test_prompts_must_split_over_rollout_dp():
-    cfg = load_experiment(
+    cfg = resolve_experiment(
         "tiny_cpu",
         [
             "data.train_batch_size=5",
@@ -252,7 +253,7 @@ def test_prompts_must_split_over_rollout_dp():
 
 
 def test_memory_check_can_be_disabled():
-    cfg = load_experiment(
+    cfg = resolve_experiment(
         "ppo_llama3_8b_4gpu",
         [
             "roles.actor.offload_optimizer=false",
@@ -271,7 +272,7 @@ def test_memory_check_can_be_disabled():
 @pytest.fixture(scope="module")
 def base_cfg():
     # Large, highly divisible batch so any dp up to 24 divides it; memory is not the point here.
-    return load_experiment(
+    return resolve_experiment(
         "tiny_cpu",
         [
             "model.num_attention_heads=8",
@@ -329,5 +330,5 @@ def test_plan_properties(base_cfg, layout):
 
 
 def test_rollout_lag_plans_on_a_split_rollout():
-    plan = plan_placement(load_experiment("tiny_cpu", ["trainer.rollout_lag=1", "placement=split_rollout"]))
+    plan = plan_placement(resolve_experiment("tiny_cpu", ["trainer.rollout_lag=1", "placement=split_rollout"]))
     assert plan.meshes["actor"].ranks == (0, 1) and set(plan.meshes["rollout"].ranks) == {2, 3}

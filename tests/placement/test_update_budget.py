@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from hybridflow.config import load_experiment
 from hybridflow.config.parallel import micro_batch_split
 from hybridflow.placement import plan_placement
 from hybridflow.placement.auto.from_config import plan_candidate, search_config, search_placement
@@ -13,6 +12,7 @@ from hybridflow.placement.memory import GIB, micro_batch_shape
 from hybridflow.placement.mesh import RoleMesh
 from hybridflow.placement.report import format_plan
 from hybridflow.placement.update_budget import UPDATE_BUDGET_CAP, budget_candidates, keeps_pipeline_busy
+from hybridflow.resolve import resolve_experiment
 
 ONE_B = ("ppo_llama_1b_h200", "roles.actor.micro_batch_size=1", "roles.critic.micro_batch_size=1")
 HEADROOM = "cluster.gpu_memory_headroom_gib=9"  # fixed: unset, it scales with the capacity the tests vary
@@ -20,7 +20,7 @@ BOTH_ZERO = ("roles.actor.update_max_tokens=0", "roles.critic.update_max_tokens=
 
 
 def _cfg(*overrides: str):
-    return load_experiment(overrides[0], list(overrides[1:]))
+    return resolve_experiment(overrides[0], list(overrides[1:]))
 
 
 def _peak(plan) -> int:

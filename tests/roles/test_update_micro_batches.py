@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from hybridflow.algorithms import loss_agg
-from hybridflow.config import load_experiment
 from hybridflow.config.parallel import RoleConfig, micro_batch_split
 from hybridflow.placement.memory import micro_batch_shape
+from hybridflow.resolve import resolve_experiment
 from tests.distributed_harness import run_distributed
 from tests.megatron_adapters.tiny_hf_models import save_tiny_model, token_batch
 
@@ -26,11 +26,11 @@ def test_rows_per_update_micro_batch_follow_the_budget():
 
 def test_memory_model_sizes_the_update_as_the_runtime_cuts_it():
     # 32 samples per mini-batch over dp 2 = 16 rows per replica; 4096 tokens / 320 = 12 rows -> 2 of 8
-    cfg = load_experiment("grpo_smollm2", ["roles.actor.micro_batch_size=1", "roles.actor.update_max_tokens=4096",
+    cfg = resolve_experiment("grpo_smollm2", ["roles.actor.micro_batch_size=1", "roles.actor.update_max_tokens=4096",
                                            "algorithm.mini_batch_size=32"])
     shape = micro_batch_shape(cfg, "actor", dp=2)
     assert (shape.rows, shape.count, shape.row_tokens) == (8, 2, 320)
-    off = micro_batch_shape(load_experiment("grpo_smollm2", ["roles.actor.micro_batch_size=4"]), "actor", dp=1)
+    off = micro_batch_shape(resolve_experiment("grpo_smollm2", ["roles.actor.micro_batch_size=4"]), "actor", dp=1)
     assert (off.rows, off.count) == (4, 32)  # budget 0: micro_batch_size rows, 128 / 4 of them
 
 

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 
 from hybridflow.config import load_experiment
+from hybridflow.config.experiment import with_engine
 from hybridflow.errors import UserError
 from hybridflow.placement import Plan, plan_placement
-from hybridflow.trainer.plan_file import plan_path, read_plan, write_plan
+from hybridflow.trainer.plan_file import plan_path, read_plan, read_run, write_plan
 
 SPLIT = ["placement.resources.actor=[0,1]", "placement.resources.rollout=[0,1]", "placement.resources.ref=[0,1]",
          "placement.resources.critic=[2,3]", "roles.critic.parallel.tp=2"]
@@ -74,8 +76,59 @@ def test_rank_builds_from_the_loaded_plan_and_never_plans(tmp_path, monkeypatch)
     monkeypatch.setattr(rank_main_module, "enable_cpu_backend", lambda: False)
     seen = {}
     monkeypatch.setattr(rank_main_module, "train", lambda c, plan: seen.setdefault("plan", plan) and {})
-    rank_main_module.rank_main("tiny_cpu", [f"trainer.output_dir={tmp_path}"])
+    rank_main_module.rank_main(str(tmp_path / "plan.json"))
     assert seen["plan"] == doctored != planned
+
+
+def test_plan_file_carries_the_resolved_config_exactly(tmp_path):
+    cfg = _cfg(tmp_path, "rollout.engine=auto")
+    plan = plan_placement(cfg)
+    write_plan(cfg, plan)
+    loaded, loaded_plan = read_run(tmp_path / "plan.json")
+    assert loaded_plan == plan
+    # the engine the planner chose and its defaults (trainer.parity_every) are filled in, the rest as composed
+    assert loaded == with_engine(cfg, plan.rollout_engine) != cfg
+    assert loaded.rollout.engine == plan.rollout_engine and loaded.trainer.parity_every is not None
+
+
+def test_a_rank_reads_the_config_without_hydra_or_the_converter(tmp_path, monkeypatch):
+    """Resolve once: the launcher converts and cuts the checkpoint (here: a 2-layer cut of a 3-layer one);
+    a rank's load of plan.json composes nothing and converts nothing."""
+    import hydra
+
+    import hybridflow.config.load as load_module
+    import hybridflow.convert.packaged_model as packaged_model
+    import hybridflow.resolve as resolve_module
+    import hybridflow.trainer.rank_main as rank_main_module
+    from tests.megatron_adapters.tiny_hf_models import save_tiny_model
+
+    save_tiny_model("llama", tmp_path / "full", vocab_size=128)
+    monkeypatch.setenv("HYBRIDFLOW_CACHE", str(tmp_path / "cache"))
+    cfg = resolve_module.resolve_experiment("grpo_tiny_cpu", [
+        f"trainer.output_dir={tmp_path / 'run'}", f"model.path={tmp_path / 'full'}", "model.keep_layers=1",
+        "data.max_prompt_length=16"])
+    assert cfg.model.num_hidden_layers == 1 and Path(cfg.model.path) != tmp_path / "full"
+    write_plan(cfg, plan_placement(cfg))
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("a rank composed or converted")
+
+    for module, name in [(hydra, "compose"), (hydra, "initialize_config_dir"), (load_module, "compose"),
+                         (load_module, "initialize_config_dir"), (load_module, "load_experiment"),
+                         (packaged_model, "first_layers"), (packaged_model, "packaged_checkpoint"),
+                         (packaged_model, "_made_once"), (resolve_module, "resolve_checkpoint")]:
+        monkeypatch.setattr(module, name, forbidden)
+    monkeypatch.setattr(rank_main_module, "init_distributed", lambda distributed: None)
+    monkeypatch.setattr(rank_main_module, "enable_cpu_backend", lambda: False)
+    seen = {}
+    monkeypatch.setattr(rank_main_module, "train", lambda c, plan: seen.setdefault("cfg", c) and {})
+    rank_main_module.rank_main(str(tmp_path / "run" / "plan.json"))
+    assert seen["cfg"] == with_engine(cfg, "megatron")
+
+
+def test_config_alone_refuses_to_convert():
+    with pytest.raises(UserError, match=r"^model.packaged/model.keep_layers: resolved by the launching process"):
+        load_experiment("grpo_smollm2_cpu")
 
 
 def test_rank_under_a_launcher_without_plan_file_exits_2_with_one_line(tmp_path, monkeypatch, capsys):

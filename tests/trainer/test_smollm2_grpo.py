@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from hybridflow.config import load_experiment
 from hybridflow.data.vocabulary import check_run_tokens
 from hybridflow.errors import UserError
 from hybridflow.placement import plan_placement
+from hybridflow.resolve import resolve_experiment
 from tests.packaged_model import smollm2_checkpoint
 from tests.trainer.run_helpers import rl_records, run
 
@@ -25,7 +25,7 @@ TP3 = ("cluster.gpus_per_node=3", "roles.actor.parallel.tp=3", "roles.rollout.pa
 
 def test_experiment_finds_the_packaged_checkpoint():
     checkpoint = smollm2_checkpoint()
-    cfg = load_experiment("grpo_smollm2_cpu")
+    cfg = resolve_experiment("grpo_smollm2_cpu")
     assert Path(cfg.model.path) == checkpoint and cfg.model.packaged == "smollm2_135m"
     m = cfg.model
     assert (m.hidden_size, m.num_hidden_layers, m.num_attention_heads, m.num_key_value_heads, m.vocab_size) == (
@@ -34,10 +34,10 @@ def test_experiment_finds_the_packaged_checkpoint():
     # stop ids unset: the tokenizer's eos and the checkpoint's generation_config give <|im_end|>
     assert cfg.reward.fn == "hybridflow.rewards.gsm8k:gsm8k" and cfg.rollout.stop_token_ids is None
     assert check_run_tokens(cfg).stop_token_ids == (2,)
-    assert plan_placement(load_experiment("grpo_smollm2_cpu", list(TP3))).meshes["actor"].tp == 3
+    assert plan_placement(resolve_experiment("grpo_smollm2_cpu", list(TP3))).meshes["actor"].tp == 3
     with pytest.raises(UserError, match="tp: 2 does not divide model.num_attention_heads=9"):
         tp2 = ["cluster.gpus_per_node=2", "roles.actor.parallel.tp=2", "roles.rollout.parallel.tp=2"]
-        plan_placement(load_experiment("grpo_smollm2_cpu", tp2))
+        plan_placement(resolve_experiment("grpo_smollm2_cpu", tp2))
 
 
 @pytest.mark.slow

@@ -4,6 +4,7 @@
 
 from hybridflow.algorithms.advantages.group_norm import GroupNormalized
 from hybridflow.algorithms.record import Algorithm, AlgorithmRecord, group_size, token_clip, with_reward_side
+from hybridflow.algorithms.registry import register_algorithm
 from hybridflow.algorithms.scores.group_filter import DropUniformGroups
 from hybridflow.algorithms.scores.overlong import OverlongPenalty
 from hybridflow.config import ExperimentConfig
@@ -17,4 +18,5 @@ def build(cfg: ExperimentConfig) -> Algorithm:
                             DropUniformGroups(group_size(cfg), alg.max_extra_draws))
 
 
-ALGORITHM = AlgorithmRecord(build, critic=False, groups=True, loss_agg_modes=("token-mean",), shapes_overlong=True)
+ALGORITHM = register_algorithm(AlgorithmRecord("dapo", build, critic=False, groups=True,
+                                               loss_agg_modes=("token-mean",), shapes_overlong=True))

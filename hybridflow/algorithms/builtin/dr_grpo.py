@@ -3,6 +3,7 @@ divided by its std, and without the per-response length normalisation (so not se
 
 from hybridflow.algorithms.advantages.group_norm import GroupNormalized
 from hybridflow.algorithms.record import Algorithm, AlgorithmRecord, group_size, token_clip, with_reward_side
+from hybridflow.algorithms.registry import register_algorithm
 from hybridflow.config import ExperimentConfig
 
 
@@ -10,4 +11,5 @@ def build(cfg: ExperimentConfig) -> Algorithm:
     return with_reward_side(cfg, GroupNormalized(group_size(cfg), scale_by_std=False), token_clip(cfg))
 
 
-ALGORITHM = AlgorithmRecord(build, critic=False, groups=True, loss_agg_modes=("seq-mean-token-sum", "token-mean"))
+ALGORITHM = register_algorithm(AlgorithmRecord("dr_grpo", build, critic=False, groups=True,
+                                               loss_agg_modes=("seq-mean-token-sum", "token-mean")))

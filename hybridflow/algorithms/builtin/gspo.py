@@ -4,6 +4,7 @@ sequence: its token copies are averaged within the sequence, then over sequences
 from hybridflow.algorithms.advantages.group_norm import GroupNormalized
 from hybridflow.algorithms.losses.gspo_clip import SequenceClip
 from hybridflow.algorithms.record import Algorithm, AlgorithmRecord, group_size, with_reward_side
+from hybridflow.algorithms.registry import register_algorithm
 from hybridflow.config import ExperimentConfig
 
 
@@ -13,4 +14,5 @@ def build(cfg: ExperimentConfig) -> Algorithm:
     return with_reward_side(cfg, GroupNormalized(group_size(cfg)), SequenceClip(alg.cliprange, clip_high))
 
 
-ALGORITHM = AlgorithmRecord(build, critic=False, groups=True, loss_agg_modes=("seq-mean-token-mean",))
+ALGORITHM = register_algorithm(AlgorithmRecord("gspo", build, critic=False, groups=True,
+                                               loss_agg_modes=("seq-mean-token-mean",)))

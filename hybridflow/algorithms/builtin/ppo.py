@@ -2,6 +2,7 @@
 
 from hybridflow.algorithms.advantages.gae import GAE
 from hybridflow.algorithms.record import Algorithm, AlgorithmRecord, token_clip, with_reward_side
+from hybridflow.algorithms.registry import register_algorithm
 from hybridflow.config import ExperimentConfig
 
 
@@ -10,4 +11,4 @@ def build(cfg: ExperimentConfig) -> Algorithm:
     return with_reward_side(cfg, GAE(gamma=alg.gamma, lam=alg.lam, whiten=alg.whiten_advantages), token_clip(cfg))
 
 
-ALGORITHM = AlgorithmRecord(build, critic=True, groups=False)
+ALGORITHM = register_algorithm(AlgorithmRecord("ppo", build, critic=True, groups=False))

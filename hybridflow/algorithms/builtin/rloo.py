@@ -2,6 +2,7 @@
 
 from hybridflow.algorithms.advantages.rloo import LeaveOneOut
 from hybridflow.algorithms.record import Algorithm, AlgorithmRecord, group_size, token_clip, with_reward_side
+from hybridflow.algorithms.registry import register_algorithm
 from hybridflow.config import ExperimentConfig
 
 
@@ -9,4 +10,4 @@ def build(cfg: ExperimentConfig) -> Algorithm:
     return with_reward_side(cfg, LeaveOneOut(group_size(cfg)), token_clip(cfg))
 
 
-ALGORITHM = AlgorithmRecord(build, critic=False, groups=True)
+ALGORITHM = register_algorithm(AlgorithmRecord("rloo", build, critic=False, groups=True))

@@ -164,21 +164,6 @@ def generation_breakdown(role: RoleWork, s: Strategy, workload: Workload, device
     return out
 
 
-def training_time(role: RoleWork, s: Strategy, workload: Workload, device: DeviceSpec,
-                  eff: Efficiency) -> float:
-    return sum(training_breakdown(role, s, workload, device, eff).values())
-
-
-def inference_time(role: RoleWork, s: Strategy, workload: Workload, device: DeviceSpec,
-                   eff: Efficiency) -> float:
-    return sum(inference_breakdown(role, s, workload, device, eff).values())
-
-
-def generation_time(role: RoleWork, s: Strategy, workload: Workload, device: DeviceSpec, eff: Efficiency,
-                    kv_bytes: float) -> float:
-    return sum(generation_breakdown(role, s, workload, device, eff, kv_bytes).values())
-
-
 def role_stage_breakdown(role: RoleWork, s: Strategy, workload: Workload, device: DeviceSpec,
                          eff: Efficiency, kv_bytes: float = 0.0) -> dict[str, Breakdown]:
     """Per stage `role` takes part in, its seconds by component (plus the fixed per-pass overhead)."""

@@ -19,8 +19,7 @@ from pathlib import Path
 
 from hybridflow.config.cluster import ClusterConfig, resolve_cluster
 from hybridflow.errors import UserError
-
-GIB = 1024**3
+from hybridflow.units import GIB
 
 
 @dataclass(frozen=True)

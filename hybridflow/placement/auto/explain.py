@@ -8,6 +8,7 @@ from hybridflow.placement.auto.overlap import OneStepOff
 from hybridflow.placement.auto.search import Candidate, SearchResult
 from hybridflow.placement.auto.set_solver import RoleChoice
 from hybridflow.placement.auto.workload import GENERATION, ROLLOUT, STAGES
+from hybridflow.units import GIB
 
 
 def describe_sets(cand: Candidate) -> str:
@@ -159,7 +160,7 @@ def explain(result: SearchResult) -> Explanation:
     """The chosen plan, its predicted stage times, and every other partition with why it lost."""
     chosen = result.chosen
     strategies = {c.role: _label(c, s.gpus) for s in chosen.sets for c in s.choices}
-    memory = {"{" + ", ".join(s.roles) + "}": s.memory_bytes / 2**30 for s in chosen.sets}
+    memory = {"{" + ", ".join(s.roles) + "}": s.memory_bytes / GIB for s in chosen.sets}
     runners = []
     for p in result.runners_up:
         if p.best is None:

@@ -13,10 +13,9 @@ from __future__ import annotations
 import copy
 from dataclasses import replace
 
-from hybridflow.config.experiment import ExperimentConfig, with_role_settings
+from hybridflow.config.experiment import ExperimentConfig, engine_of, with_role_settings
 from hybridflow.config.model import ModelConfig
 from hybridflow.config.parallel import TRAINED_ROLES, VALUE_HEAD_ROLES
-from hybridflow.engines import engine_of
 from hybridflow.errors import UserError
 from hybridflow.placement.auto.cost_model import role_stage_breakdown
 from hybridflow.placement.auto.device import DeviceSpec, Efficiency, efficiency_for
@@ -78,7 +77,7 @@ def workload_from_config(cfg: ExperimentConfig) -> Workload:
                     prompt_length=cfg.data.max_prompt_length,
                     response_length=cfg.data.seq_length - cfg.data.max_prompt_length,
                     mini_batch_size=cfg.algorithm.mini_batch_size, ppo_epochs=cfg.algorithm.ppo_epochs,
-                    rollout_offloads_weights=engine_of(cfg).weights_on_host_while_sleeping(cfg.rollout),
+                    rollout_offloads_weights=engine_of(cfg).weights_on_host_while_sleeping(cfg.rollout.sleep_level),
                     rollout_engine=cfg.rollout.engine, rollout_lag=int(lag))
 
 

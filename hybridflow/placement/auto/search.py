@@ -24,6 +24,7 @@ from hybridflow.placement.auto.overlap import OneStepOff, one_step_off
 from hybridflow.placement.auto.partitions import allocations, rank_ranges, set_partitions, set_sizes
 from hybridflow.placement.auto.set_solver import MemoryFn, SetSolution, SetSolver
 from hybridflow.placement.auto.workload import ROLLOUT, STAGES, Workload
+from hybridflow.units import GIB
 
 
 @dataclass(frozen=True)
@@ -167,7 +168,7 @@ def search(workload: Workload, device: DeviceSpec, memory: MemoryFn, eff: Effici
     if not feasible:
         reasons = "; ".join(r.reason for r in infeasible[:3])
         raise UserError(f"placement: no placement of {', '.join(workload.role_names)} fits "
-                        f"{device.world_size} GPUs of {device.memory_bytes / 2**30:.0f} GiB ({reasons}); "
+                        f"{device.world_size} GPUs of {device.memory_bytes / GIB:.0f} GiB ({reasons}); "
                         "add GPUs (cluster.nodes) or set roles.<role>.offload_optimizer=true")
     stats = {"partitions": len(results), "set_solves": solver.solves,
              "allocations": sum(r.allocations_tried for r in results)}

@@ -16,6 +16,7 @@ from hybridflow.placement.auto.cost_model import role_stage_breakdown, role_stag
 from hybridflow.placement.auto.device import DeviceSpec, Efficiency
 from hybridflow.placement.auto.strategy import Strategy, no_strategy_reason, strategies_for
 from hybridflow.placement.auto.workload import STAGES, Workload
+from hybridflow.units import GIB
 
 # (role name, strategy) -> (bytes per GPU on the role's busiest rank, KV-cache bytes per GPU the rollout
 # may fill). For the actor the bytes include the rollout colocated with it (at the strategy's gen_tp);
@@ -135,8 +136,8 @@ class SetSolver:
         min_mem = [min(o[0] for o in f) for f in fronts]
         min_time = [min(sum(o[1].values()) for o in f) for f in fronts]
         if sum(min_mem) > self.capacity:
-            return SetSolution(roles, gpus, reason=f"needs {sum(min_mem) / 2**30:.1f} GiB per GPU on {gpus} "
-                                                   f"GPUs, more than {self.capacity / 2**30:.1f} GiB")
+            return SetSolution(roles, gpus, reason=f"needs {sum(min_mem) / GIB:.1f} GiB per GPU on {gpus} "
+                                                   f"GPUs, more than {self.capacity / GIB:.1f} GiB")
         best: list[tuple[float, tuple[int, ...]]] = []
 
         def walk(i: int, mem: float, time: float, picked: tuple[int, ...]) -> None:

@@ -9,10 +9,23 @@ import pytest
 
 from hybridflow.config.cluster import ClusterConfig
 from hybridflow.placement.auto.comm import allreduce_time, bridge_volume
-from hybridflow.placement.auto.cost_model import generation_breakdown, generation_time, inference_time, training_time
+from hybridflow.placement.auto.cost_model import generation_breakdown, inference_breakdown, training_breakdown
 from hybridflow.placement.auto.device import DeviceSpec, Efficiency, efficiency_for, load_calibration
 from hybridflow.placement.auto.strategy import Strategy, strategies_for
 from hybridflow.placement.auto.workload import LLAMA_SHAPES, ModelCostShape, Workload, ppo_roles
+
+
+def training_time(*args) -> float:
+    """A role's training seconds: the sum of its breakdown (what the planner adds up)."""
+    return sum(training_breakdown(*args).values())
+
+
+def inference_time(*args) -> float:
+    return sum(inference_breakdown(*args).values())
+
+
+def generation_time(*args) -> float:
+    return sum(generation_breakdown(*args).values())
 
 A100 = DeviceSpec.from_cluster(ClusterConfig(nodes=2, gpus_per_node=8, gpu_type="A100"))
 # the formula tests price compute and communication alone: no per-pass or per-micro-batch host time

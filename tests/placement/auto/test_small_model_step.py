@@ -4,9 +4,9 @@ benchmarks/results/smollm2_h200_20261204/; stage means: generate 0.87, ref 0.22,
 
 import pytest
 
-from hybridflow.config import load_experiment
 from hybridflow.placement import plan_placement
 from hybridflow.placement.auto.from_config import plan_candidate
+from hybridflow.resolve import resolve_experiment
 
 MEASURED_STEP_S = 1.97
 MEASURED_FORWARD_PASS_S = 0.22  # ref and old log-probs alike: 256 samples in 4 micro-batches of 64 rows
@@ -14,7 +14,7 @@ MEASURED_UPDATE_S = 0.62
 
 
 def _predicted():
-    cfg = load_experiment("grpo_smollm2", [])
+    cfg = resolve_experiment("grpo_smollm2", [])
     return cfg, plan_candidate(cfg, plan_placement(cfg))
 
 
