@@ -67,6 +67,7 @@ from hybridflow.algorithms import (
 from hybridflow.algorithms.losses.truncated_is import truncated_is_weights
 from hybridflow.config import ExperimentConfig
 from hybridflow.data.packing import as_rows
+from hybridflow.data.segments import observation_share
 from hybridflow.data.step_batch import StepBatch
 from hybridflow.placement import RoleMesh
 from hybridflow.roles.groups import TrainingGroup
@@ -215,7 +216,7 @@ class RLTrainer:
         metrics = self.gate(batch)
         with timer("advantages"):
             kl = self.assign_rewards(batch)
-            adv = self.algorithm.estimator(batch.token_rewards, batch.response_mask, batch.values)
+            adv = self.algorithm.estimator(batch.token_rewards, batch.loss_mask, batch.values)
             batch.advantages, batch.returns = adv.advantages, adv.returns
             if self.algorithm.tis_cap:
                 _require_rollout_logprobs(batch, "algorithm.tis_cap")
@@ -260,10 +261,11 @@ class RLTrainer:
         return self.parity(batch) if self.parity_due(self.steps_done) and not restored_without else {}
 
     def parity(self, batch: StepBatch) -> dict[str, float]:
-        """Compare the rollout's log-probs of its samples with the actor's recomputation; fail loudly at lag 0
-        (at lag 1 they come from weights one update apart: `offpolicy/*`, not gated)."""
+        """Compare the rollout's log-probs of the tokens it sampled (every assistant token of every turn) with
+        the actor's recomputation; fail loudly at lag 0 (at lag 1 they come from weights one update apart:
+        `offpolicy/*`, not gated)."""
         _require_rollout_logprobs(batch, "trainer.parity_every")
-        mask = batch.response_mask.bool()
+        mask = batch.loss_mask.bool()
         diff = (batch.rollout_logprobs - batch.old_logprobs).abs()[mask]
         prefix = "offpolicy" if self.lag else "parity"
         out = {f"{prefix}/max_abs": float(diff.max()) if diff.numel() else 0.0,
@@ -279,7 +281,7 @@ class RLTrainer:
     def assign_rewards(self, batch: StepBatch) -> float:
         """Token rewards from the scores (and the KL penalty when it lives in the reward); returns the KL per
         response (`sequence_kl`) that the controller steers."""
-        mask = batch.response_mask
+        mask = batch.loss_mask
         shaping = self.algorithm.shaping
         scores = batch.scores if shaping is None else shaping(batch.scores, mask)  # metrics keep the raw ones
         if batch.ref_logprobs is None:
@@ -301,9 +303,9 @@ class RLTrainer:
             for start in range(0, batch.size, alg.mini_batch_size):
                 mine = r.local_rows(alg.mini_batch_size)  # this replica's share of the mini-batch
                 rows = slice(start + mine.start, start + mine.stop)
-                tensors = batch.tensors("response_mask", *fields, rows=rows)
+                tensors = batch.tensors("loss_mask", *fields, rows=rows)
                 micro = r.micro_batches(tensors)
-                scale = self._loss_scale(r, tensors["response_mask"], len(micro))
+                scale = self._loss_scale(r, tensors["loss_mask"], len(micro))
                 for k, v in r.train(micro, lambda out, mb, s=scale: loss_fn(out, mb, s)).items():
                     collected.setdefault(f"{role}/{k}", []).append(v)
         return {k: sum(v) / len(v) for k, v in collected.items()}
@@ -320,7 +322,7 @@ class RLTrainer:
 
         def fn(logits, mb, scale):
             logp, ent = actor.logprobs(logits, mb["input_ids"], temperature, with_entropy=True)
-            out = actor_loss(logp, mb["old_logprobs"], mb["advantages"], mb["response_mask"], cfg,
+            out = actor_loss(logp, mb["old_logprobs"], mb["advantages"], mb["loss_mask"], cfg,
                              entropy=ent, ref_logprobs=mb.get("ref_logprobs"), is_weights=mb.get("is_weights"))
             return self._aggregate(out, mb, scale)
 
@@ -329,7 +331,7 @@ class RLTrainer:
     def _critic_loss(self, values, mb, scale):
         cfg = CriticLossConfig(cliprange_value=self.cfg.algorithm.cliprange_value)
         v = per_token_values(values, mb)
-        return self._aggregate(critic_loss(v, mb["values"], mb["returns"], mb["response_mask"], cfg), mb, scale)
+        return self._aggregate(critic_loss(v, mb["values"], mb["returns"], mb["loss_mask"], cfg), mb, scale)
 
     def _loss_scale(self, role, mask: torch.Tensor, n_micro: int) -> float:
         """loss_agg.micro_batch_scale for this mini-batch: the count is summed over the role's DP replicas."""
@@ -356,14 +358,14 @@ class RLTrainer:
 
     # ---- metrics --------------------------------------------------------------------------------
     def _step_metrics(self, batch, metrics, timer) -> dict[str, float]:
-        mask = batch.response_mask.float()
-        lengths = mask.sum(1)
-        tokens = float((batch.prompt_lens + lengths).sum())
+        lengths = batch.loss_mask.float().sum(1)  # the tokens the policy wrote
+        tokens = float(batch.seq_lens.sum())
         step_time = sum(timer.seconds.values())
         world = dist.get_world_size()
         out = {
             "reward/mean": float(batch.scores.mean()), "reward/std": float(batch.scores.std()),
             "response_length": float(lengths.mean()),
+            "observation_token_share": observation_share(batch.token_kinds),
             "prompt_length": float(batch.prompt_lens.float().mean()),
             "tokens_per_s": tokens / step_time, "tokens_per_s_per_gpu": tokens / step_time / world,
             "step_time_s": step_time, **_from_every_rank(metrics),

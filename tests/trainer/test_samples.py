@@ -10,6 +10,7 @@ from hybridflow.data.tasks import BUILTIN_ALPHABET
 from hybridflow.data.tokenizer import char_tokenizer
 from hybridflow.trainer.metrics import MetricsLog
 from hybridflow.trainer.samples import sample_records
+from tests.single_turn import single_turn_kinds
 
 
 def _batch(tok):
@@ -24,8 +25,9 @@ def _batch(tok):
     for i, (p, r) in enumerate(rows):
         tokens[i, : len(p) + len(r)] = torch.tensor(p + r)
         mask[i, len(p) : len(p) + len(r)] = 1
-    return StepBatch(rows=[{}] * 3, tokens=tokens, prompt_lens=torch.tensor([len(p) for p, _ in rows]),
-                     response_mask=mask, scores=torch.tensor([1.0, 0.25, 0.0]))
+    prompt_lens = torch.tensor([len(p) for p, _ in rows])
+    return StepBatch(rows=[{}] * 3, tokens=tokens, prompt_lens=prompt_lens,
+                     token_kinds=single_turn_kinds(prompt_lens, mask), scores=torch.tensor([1.0, 0.25, 0.0]))
 
 
 def test_records_decode_prompt_response_reward_and_why_it_ended():
