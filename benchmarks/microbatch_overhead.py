@@ -44,10 +44,10 @@ from benchmarks.actor_mfu import init_single_process  # noqa: E402
 from hybridflow.algorithms import build_algorithm, build_kl_controller  # noqa: E402
 from hybridflow.config import ExperimentConfig  # noqa: E402
 from hybridflow.config.parallel import RoleConfig  # noqa: E402
-from hybridflow.data.segments import TokenKind  # noqa: E402
 from hybridflow.data.step_batch import StepBatch  # noqa: E402
 from hybridflow.placement import RoleMesh  # noqa: E402
 from hybridflow.roles.model_role import ModelRole, OptimizerSettings, build_model_role, per_token_logprobs  # noqa: E402
+from hybridflow.token_kinds import TokenKind  # noqa: E402
 from hybridflow.trainer.rl_trainer import RLTrainer  # noqa: E402
 from megatron_adapters.process_groups import build_role_groups  # noqa: E402
 

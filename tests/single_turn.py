@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from hybridflow.data.segments import TokenKind, prompt_kinds
+from hybridflow.token_kinds import TokenKind, prompt_kinds
 
 
 def single_turn_kinds(prompt_lens: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:

@@ -2,7 +2,7 @@
 
 All token tensors are [B, T], right-padded (see hybridflow.rollout.base): column t of a per-token
 quantity is about token t (its log-prob, the value of the state before it, its reward). Once generated, a
-batch's `token_kinds` say what each token is (hybridflow.data.segments): its lengths (`seq_lens`, prompt and
+batch's `token_kinds` say what each token is (hybridflow.token_kinds): its lengths (`seq_lens`, prompt and
 every response-side token) and its `loss_mask` (assistant tokens only) both follow from them.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from hybridflow.data import segments
+from hybridflow import token_kinds as kinds
 
 
 @dataclass
@@ -21,7 +21,7 @@ class StepBatch:
     rows: list[dict[str, Any]]  # dataset rows, one per sample (a prompt's row repeats for its n samples)
     tokens: torch.Tensor
     prompt_lens: torch.Tensor  # [B]
-    token_kinds: torch.Tensor | None = None  # [B, T] segments.TokenKind per column; None before generation
+    token_kinds: torch.Tensor | None = None  # [B, T] a TokenKind per column; None before generation
     rollout_logprobs: torch.Tensor | None = None
     old_logprobs: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
@@ -39,12 +39,12 @@ class StepBatch:
     @property
     def seq_lens(self) -> torch.Tensor:
         """[B] int64: each sample's prompt + response-side tokens (assistant and observation)."""
-        return segments.sequence_lengths(self.token_kinds)
+        return kinds.sequence_lengths(self.token_kinds)
 
     @property
     def loss_mask(self) -> torch.Tensor:
         """[B, T] int64: 1 on the tokens the policy sampled, the only ones losses, KL and the gate read."""
-        return segments.loss_mask(self.token_kinds)
+        return kinds.loss_mask(self.token_kinds)
 
     def trim_columns(self, multiple: int, max_len: int) -> None:
         """Drop the all-padding columns after the longest sample (`seq_lens`), keeping the width a
@@ -63,7 +63,7 @@ class StepBatch:
         response-side token), which sequence packing and positions read."""
         out = {"input_ids": self.tokens[rows]}
         if self.token_kinds is not None:
-            out["seq_lens"] = segments.sequence_lengths(self.token_kinds[rows])
+            out["seq_lens"] = kinds.sequence_lengths(self.token_kinds[rows])
         for name in names:
             out[name] = getattr(self, name)[rows]
         return out

@@ -2,7 +2,7 @@
 
 Sequences travel right-padded: row b holds its prompt at columns [0, prompt_len[b]) and its response side
 right after it (one assistant segment today; assistant and observation turns in a multi-turn trajectory, see
-hybridflow.data.segments). Padding only ever sits at the end of a row, so causal attention needs no padding
+hybridflow.token_kinds). Padding only ever sits at the end of a row, so causal attention needs no padding
 mask and positions are plain 0..T-1 in every engine and in training.
 """
 
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from hybridflow.data import segments
+from hybridflow import token_kinds as kinds
 
 if TYPE_CHECKING:
     from hybridflow.config.rollout import RolloutConfig
@@ -42,9 +42,9 @@ class RolloutBatch:
 
     tokens:      prompt ids, then response-side ids, then pad_token_id
     prompt_lens: [B] number of prompt tokens in each row
-    token_kinds: segments.TokenKind of each column (PROMPT, ASSISTANT up to and including the stop token,
-                 OBSERVATION, PAD after the end); None on a prompt-only batch. `seq_lens` and `loss_mask`
-                 follow from it.
+    token_kinds: the TokenKind (hybridflow.token_kinds) of each column: PROMPT, ASSISTANT up to and including
+                 the stop token, OBSERVATION, PAD after the end; None on a prompt-only batch. `seq_lens` and
+                 `loss_mask` follow from it.
     logprobs:    at assistant columns, log p(token) under log_softmax(logits / temperature) of the model that
                  sampled it (no top-k/top-p renormalisation); 0 elsewhere. The actor recomputes the same
                  quantity and the parity gate compares the two. None when the sampling asked for none
@@ -59,12 +59,12 @@ class RolloutBatch:
     @property
     def seq_lens(self) -> torch.Tensor:
         """[B] prompt + response-side tokens of each row."""
-        return segments.sequence_lengths(self.token_kinds)
+        return kinds.sequence_lengths(self.token_kinds)
 
     @property
     def loss_mask(self) -> torch.Tensor:
         """[B, T] 1 on the tokens the engine sampled."""
-        return segments.loss_mask(self.token_kinds)
+        return kinds.loss_mask(self.token_kinds)
 
 
 class RolloutEngine(Protocol):

@@ -15,10 +15,10 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from hybridflow.data.segments import TokenKind, prompt_kinds
 from hybridflow.rollout.base import EngineSetup, RolloutBatch, SamplingParams
 from hybridflow.rollout.decode_step import ATTEND_BUCKET, DecodeStep
 from hybridflow.rollout.sampling import sample_next
+from hybridflow.token_kinds import TokenKind, prompt_kinds
 from megatron_adapters.bridge import TargetFormat, WeightBridge
 from megatron_adapters.decode_cache import attach_decode_cache, last_position_logits
 from megatron_adapters.model import build_gpt, model_shape

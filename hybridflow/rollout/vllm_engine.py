@@ -26,11 +26,11 @@ from typing import Any
 import torch
 
 from hybridflow.config.model import DTYPES
-from hybridflow.data.segments import TokenKind, prompt_kinds
 from hybridflow.errors import UserError
 from hybridflow.placement import RoleMesh
 from hybridflow.rollout.base import EngineSetup, RolloutBatch, SamplingParams
 from hybridflow.rollout.engine_host import EngineProcess, HostedEngine, build_hosted_engine, spawn_engine_process
+from hybridflow.token_kinds import TokenKind, prompt_kinds
 from megatron_adapters.bridge import TargetFormat, WeightBridge
 from megatron_adapters.model import load_hf_config
 

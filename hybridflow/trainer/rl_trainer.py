@@ -67,13 +67,13 @@ from hybridflow.algorithms import (
 from hybridflow.algorithms.losses.truncated_is import truncated_is_weights
 from hybridflow.config import ExperimentConfig
 from hybridflow.data.packing import as_rows
-from hybridflow.data.segments import observation_share
 from hybridflow.data.step_batch import StepBatch
 from hybridflow.placement import RoleMesh
 from hybridflow.roles.groups import TrainingGroup
 from hybridflow.roles.model_role import ModelRole, per_token_logprobs, per_token_values
 from hybridflow.roles.replica_results import share_from_role
 from hybridflow.roles.rollout_role import RolloutRole
+from hybridflow.token_kinds import observation_share
 from hybridflow.trainer.dynamic_sampling import fill_batch
 from hybridflow.trainer.scorer import Scorer
 from megatron_adapters.cpu_backend import compute_device

@@ -8,8 +8,8 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from hybridflow.data.segments import response_extent, segment_spans
 from hybridflow.data.step_batch import StepBatch
+from hybridflow.token_kinds import response_extent, segment_spans
 
 
 def sample_records(tokenizer: PreTrainedTokenizerBase, batch: StepBatch, step: int, split: str, n: int,

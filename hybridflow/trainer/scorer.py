@@ -10,12 +10,12 @@ from transformers import PreTrainedTokenizerBase
 
 from hybridflow.algorithms import last_masked_index
 from hybridflow.config import ExperimentConfig
-from hybridflow.data.segments import response_extent
 from hybridflow.data.step_batch import StepBatch
 from hybridflow.placement import RoleMesh
 from hybridflow.rewards import compute_scores, resolve_reward_fn, reward_inputs
 from hybridflow.roles.model_role import ModelRole
 from hybridflow.roles.replica_results import share_from_role
+from hybridflow.token_kinds import response_extent
 
 
 def rule_inputs(tokenizer: PreTrainedTokenizerBase, batch: StepBatch):

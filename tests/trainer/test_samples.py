@@ -5,10 +5,10 @@ import json
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from hybridflow.data.segments import TokenKind
 from hybridflow.data.step_batch import StepBatch
 from hybridflow.data.tasks import BUILTIN_ALPHABET
 from hybridflow.data.tokenizer import char_tokenizer
+from hybridflow.token_kinds import TokenKind
 from hybridflow.trainer.metrics import MetricsLog
 from hybridflow.trainer.samples import sample_records
 from hybridflow.trainer.scorer import rule_inputs

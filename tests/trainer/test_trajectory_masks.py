@@ -21,9 +21,9 @@ from hybridflow.algorithms import (
     critic_loss,
 )
 from hybridflow.config import load_experiment
-from hybridflow.data.segments import TokenKind
+from hybridflow.token_kinds import TokenKind
 from hybridflow.trainer.rl_trainer import ParityError, RLTrainer, StageTimer
-from tests.data.test_segments import two_turn_batch
+from tests.test_token_kinds import two_turn_batch
 from tests.trainer.test_parity_cadence import trainer
 
 OBS = (0, slice(5, 7))  # row 0's observation columns in two_turn_batch

@@ -4,14 +4,14 @@ packing, row selection and concatenation keep both."""
 import torch
 
 from hybridflow.data.packing import as_rows, pack_rows
-from hybridflow.data.segments import (
+from hybridflow.data.step_batch import StepBatch, concat_batches
+from hybridflow.token_kinds import (
     TokenKind,
     observation_share,
     prompt_kinds,
     segment_spans,
     turn_counts,
 )
-from hybridflow.data.step_batch import StepBatch, concat_batches
 
 P, A, O = TokenKind.PROMPT, TokenKind.ASSISTANT, TokenKind.OBSERVATION
 
