@@ -100,7 +100,7 @@ def synthetic_rows(rows: int, width: int, min_fraction: float, vocab: int, seed:
 
 def logprob_entropy_loss(role: ModelRole):
     """The actor update's shape of loss: log-probs and entropies of the micro-batch's tokens, back to rows
-    (`as_rows`, as rl_trainer's aggregation does), masked token mean."""
+    (`as_rows`, as rl_step's aggregation does), masked token mean."""
 
     def fn(logits: torch.Tensor, mb: dict[str, torch.Tensor]):
         logp, entropy = role.logprobs(logits, mb["input_ids"], with_entropy=True)

@@ -16,7 +16,8 @@ from hybridflow.algorithms import build_algorithm
 from hybridflow.config import load_experiment
 from hybridflow.data.step_batch import StepBatch
 from hybridflow.roles.rollout_role import LocalSamples
-from hybridflow.trainer.rl_trainer import ParityError, RLTrainer
+from hybridflow.trainer.rl_step import ParityError
+from hybridflow.trainer.rl_trainer import RLTrainer
 from tests.single_turn import single_turn_kinds
 
 

@@ -22,7 +22,8 @@ from hybridflow.algorithms import (
 )
 from hybridflow.config import load_experiment
 from hybridflow.token_kinds import TokenKind
-from hybridflow.trainer.rl_trainer import ParityError, RLTrainer, StageTimer
+from hybridflow.trainer.rl_step import ParityError, StageTimer
+from hybridflow.trainer.rl_trainer import RLTrainer
 from tests.test_token_kinds import two_turn_batch
 from tests.trainer.test_parity_cadence import trainer
 
