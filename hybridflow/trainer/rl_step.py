@@ -2,7 +2,8 @@
 and old log-probs (each on its role's ranks, concurrently where the roles hold different ranks), their exchange
 over the training group, the parity gate, rewards and advantages, the critic update, the actor update. Every
 stage is timed. hybridflow.trainer.rl_trainer decides when a batch is generated and consumed (the schedule);
-the step reads only the batch and the roles, and its collectives are those of the training group.
+the step reads only the batch and the roles. Its collectives are the training group's, and the scores' share
+(`land_scores`, over the world), which ranks outside the group join from the schedule.
 
 Off-policy correction: PPO's ratio is against the actor's old log-probs (w_{k-1}, before the update);
 `algorithm.tis_cap` > 0 also weights each token's policy loss by min(pi_old / pi_rollout, cap)
