@@ -1,6 +1,6 @@
 """Single-turn results are bit for bit those of main before the batch carried token kinds (a loss mask apart
-from the lengths): the CPU default (PPO with a critic, padded) and GRPO (packed, with a reference), same
-seed, every metric of every step equal.
+from the lengths): the CPU default (PPO with a critic, padded; and one step off-policy with the rollout on
+ranks of its own) and GRPO (packed, with a reference), same seed, every metric of every step equal.
 
 The expected records in data/single_turn_main/ were written by main at c9eafa2 (response_mask era) on this
 2-core CPU machine with the commands of `RUNS` (fields that measure the machine dropped, as `algorithmic`
@@ -23,6 +23,7 @@ EXPECTED = Path(__file__).parent / "data" / "single_turn_main"
 COMMON = ("trainer.total_steps=3", "trainer.save_every=0", "trainer.parity_every=1")
 RUNS = {
     "ppo_padded": ("trainer.log_samples_every=1",),
+    "ppo_lag1_split": ("placement=split_rollout", "trainer.rollout_lag=1"),  # the rollout on its own ranks
     "grpo_packed": ("+experiment=grpo_tiny_cpu", "roles.actor.max_tokens_per_micro_batch=64",
                     "roles.ref.max_tokens_per_micro_batch=64"),
 }
