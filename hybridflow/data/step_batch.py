@@ -46,6 +46,16 @@ class StepBatch:
         """[B, T] int64: 1 on the tokens the policy sampled, the only ones losses, KL and the gate read."""
         return kinds.loss_mask(self.token_kinds)
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Unpickling: a batch saved in a lag-1 checkpoint before token kinds held a `response_mask` (a single
+        turn right after the prompt); its kinds are rebuilt from it, so such a checkpoint still resumes."""
+        if "response_mask" in state:
+            mask = state.pop("response_mask")
+            prompt = kinds.prompt_kinds(state["prompt_lens"], state["tokens"].shape[1])
+            state["token_kinds"] = None if mask is None else torch.where(
+                mask.bool(), int(kinds.TokenKind.ASSISTANT), prompt)
+        self.__dict__.update(state)
+
     def trim_columns(self, multiple: int, max_len: int) -> None:
         """Drop the all-padding columns after the longest sample (`seq_lens`), keeping the width a
         multiple of `multiple` (at most `max_len`): training and inference then run on real tokens, not on

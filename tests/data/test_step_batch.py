@@ -1,5 +1,8 @@
 """StepBatch.trim_columns: padding-only columns go, every real token stays."""
 
+import copy
+import pickle
+
 import torch
 
 from hybridflow.data.step_batch import StepBatch
@@ -29,3 +32,13 @@ def test_trim_never_grows_past_the_configured_length():
     batch = _batch([3], [90], width=100)
     batch.trim_columns(multiple=64, max_len=100)
     assert batch.tokens.shape[1] == 100
+
+
+def test_a_batch_pickled_with_a_response_mask_loads_with_its_token_kinds():
+    new = _batch([3, 2], [4, 6], width=12)
+    old = copy.copy(new)
+    del old.__dict__["token_kinds"]
+    old.__dict__["response_mask"] = new.loss_mask  # what a lag-1 checkpoint of c9eafa2 holds
+    loaded = pickle.loads(pickle.dumps(old))
+    assert torch.equal(loaded.token_kinds, new.token_kinds) and "response_mask" not in vars(loaded)
+    assert loaded.seq_lens.tolist() == [7, 8]
