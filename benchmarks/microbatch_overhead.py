@@ -47,6 +47,7 @@ from hybridflow.config.parallel import RoleConfig  # noqa: E402
 from hybridflow.data.step_batch import StepBatch  # noqa: E402
 from hybridflow.placement import RoleMesh  # noqa: E402
 from hybridflow.roles.model_role import ModelRole, OptimizerSettings, build_model_role, per_token_logprobs  # noqa: E402
+from hybridflow.token_kinds import TokenKind  # noqa: E402
 from hybridflow.trainer.rl_trainer import RLTrainer  # noqa: E402
 from megatron_adapters.process_groups import build_role_groups  # noqa: E402
 
@@ -88,10 +89,12 @@ def step_batch(rows: int, seq: int, prompt: int, vocab: int) -> StepBatch:
     tokens = torch.randint(3, vocab, (rows, seq), generator=gen)
     lengths = torch.randint(max(1, (seq - prompt) // 2), seq - prompt + 1, (rows,), generator=gen)
     columns = torch.arange(seq)[None, :]
-    mask = ((columns >= prompt) & (columns < prompt + lengths[:, None])).float()
+    response = (columns >= prompt) & (columns < prompt + lengths[:, None])
+    kinds = torch.where(response, int(TokenKind.ASSISTANT), torch.where(columns < prompt, int(TokenKind.PROMPT), 0))
+    mask = response.float()
     logprobs = -torch.rand(rows, seq, generator=gen) * mask
     batch = StepBatch(rows=[{}] * rows, tokens=tokens, prompt_lens=torch.full((rows,), prompt),
-                      response_mask=mask, rollout_logprobs=logprobs)
+                      token_kinds=kinds.long(), rollout_logprobs=logprobs)
     batch.old_logprobs, batch.ref_logprobs = logprobs.clone(), logprobs - 0.01 * mask
     batch.advantages = torch.randn(rows, 1, generator=gen).expand(rows, seq) * mask
     return batch

@@ -87,7 +87,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def synthetic_rows(rows: int, width: int, min_fraction: float, vocab: int, seed: int) -> dict[str, torch.Tensor]:
     """Right-padded random rows as a step batch hands them to a role: `input_ids`, `seq_lens`, and a
-    `response_mask` over all but each row's first 16 tokens (the "prompt")."""
+    `loss_mask` over all but each row's first 16 tokens (the "prompt")."""
     gen = torch.Generator().manual_seed(seed)
     shortest = max(2, int(min_fraction * width))
     seq_lens = torch.randint(shortest, width + 1, (rows,), generator=gen)
@@ -95,17 +95,17 @@ def synthetic_rows(rows: int, width: int, min_fraction: float, vocab: int, seed:
     real = columns < seq_lens[:, None]
     input_ids = torch.randint(0, vocab, (rows, width), generator=gen) * real
     prompt = min(16, shortest - 1)
-    return {"input_ids": input_ids, "seq_lens": seq_lens, "response_mask": (real & (columns >= prompt)).long()}
+    return {"input_ids": input_ids, "seq_lens": seq_lens, "loss_mask": (real & (columns >= prompt)).long()}
 
 
 def logprob_entropy_loss(role: ModelRole):
     """The actor update's shape of loss: log-probs and entropies of the micro-batch's tokens, back to rows
-    (`as_rows`, as rl_trainer's aggregation does), masked token mean."""
+    (`as_rows`, as rl_step's aggregation does), masked token mean."""
 
     def fn(logits: torch.Tensor, mb: dict[str, torch.Tensor]):
         logp, entropy = role.logprobs(logits, mb["input_ids"], with_entropy=True)
         logp, entropy = zero_sequence_starts(logp, mb), zero_sequence_starts(entropy, mb)
-        mask = as_rows(mb["response_mask"], mb).float()
+        mask = as_rows(mb["loss_mask"], mb).float()
         total = (as_rows(logp, mb) * mask).sum() + 0.01 * (as_rows(entropy, mb) * mask).sum()
         tokens = mask.sum()
         return -total / tokens.clamp(min=1), {"num_tokens": tokens.detach()}
@@ -227,7 +227,7 @@ def main(argv=None) -> dict:
     for variant, budget in [("padded", 0)] + [(f"packed{b}", b) for b in budgets]:
         role.max_tokens_per_micro_batch = budget
         # The packed path must compute what the padded one does, or its timing means nothing.
-        logprobs = role.forward(tensors, per_token_logprobs(role, 1.0)).float() * tensors["response_mask"].to(device)
+        logprobs = role.forward(tensors, per_token_logprobs(role, 1.0)).float() * tensors["loss_mask"].to(device)
         reference = logprobs if reference is None else reference
         for mode in modes:
             run = {"variant": variant, "budget": budget, "mode": mode,

@@ -1,7 +1,9 @@
 """The step's batch: every per-sample and per-token tensor of one RL step, whole, on every rank.
 
 All token tensors are [B, T], right-padded (see hybridflow.rollout.base): column t of a per-token
-quantity is about token t (its log-prob, the value of the state before it, its reward).
+quantity is about token t (its log-prob, the value of the state before it, its reward). Once generated, a
+batch's `token_kinds` say what each token is (hybridflow.token_kinds): its lengths (`seq_lens`, prompt and
+every response-side token) and its `loss_mask` (assistant tokens only) both follow from them.
 """
 
 from __future__ import annotations
@@ -11,13 +13,15 @@ from typing import Any
 
 import torch
 
+from hybridflow import token_kinds as kinds
+
 
 @dataclass
 class StepBatch:
     rows: list[dict[str, Any]]  # dataset rows, one per sample (a prompt's row repeats for its n samples)
     tokens: torch.Tensor
     prompt_lens: torch.Tensor  # [B]
-    response_mask: torch.Tensor | None = None
+    token_kinds: torch.Tensor | None = None  # [B, T] a TokenKind per column; None before generation
     rollout_logprobs: torch.Tensor | None = None
     old_logprobs: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
@@ -32,23 +36,44 @@ class StepBatch:
     def size(self) -> int:
         return self.tokens.shape[0]
 
+    @property
+    def seq_lens(self) -> torch.Tensor:
+        """[B] int64: each sample's prompt + response-side tokens (assistant and observation)."""
+        return kinds.sequence_lengths(self.token_kinds)
+
+    @property
+    def loss_mask(self) -> torch.Tensor:
+        """[B, T] int64: 1 on the tokens the policy sampled, the only ones losses, KL and the gate read."""
+        return kinds.loss_mask(self.token_kinds)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Unpickling: a batch saved in a lag-1 checkpoint before token kinds held a `response_mask` (a single
+        turn right after the prompt); its kinds are rebuilt from it, so such a checkpoint still resumes."""
+        if "response_mask" in state:
+            mask = state.pop("response_mask")
+            prompt = kinds.prompt_kinds(state["prompt_lens"], state["tokens"].shape[1])
+            state["token_kinds"] = None if mask is None else torch.where(
+                mask.bool(), int(kinds.TokenKind.ASSISTANT), prompt)
+        self.__dict__.update(state)
+
     def trim_columns(self, multiple: int, max_len: int) -> None:
-        """Drop the all-padding columns after the longest sample (prompt + response), keeping the width a
+        """Drop the all-padding columns after the longest sample (`seq_lens`), keeping the width a
         multiple of `multiple` (at most `max_len`): training and inference then run on real tokens, not on
         the room reserved for prompts and responses that turned out shorter."""
-        used = int((self.prompt_lens + self.response_mask.sum(1)).max())
+        used = int(self.seq_lens.max())
         width = min(max_len, -(-used // multiple) * multiple, self.tokens.shape[1])
         self.tokens = self.tokens[:, :width]
-        self.response_mask = self.response_mask[:, :width]
+        self.token_kinds = self.token_kinds[:, :width]
         if self.rollout_logprobs is not None:  # None on steps that read no rollout log-probs
             self.rollout_logprobs = self.rollout_logprobs[:, :width]
 
     def tensors(self, *names: str, rows: slice | torch.Tensor = slice(None)) -> dict[str, torch.Tensor]:
-        """Named tensors (tokens as `input_ids`) restricted to `rows`, for a role's micro-batches; once
-        generated, also each row's true length `seq_lens` (prompt + response), for sequence packing."""
+        """Named tensors (tokens as `input_ids`; `loss_mask` and `seq_lens` too) restricted to `rows`, for a
+        role's micro-batches; once generated, also each row's true length `seq_lens` (prompt and every
+        response-side token), which sequence packing and positions read."""
         out = {"input_ids": self.tokens[rows]}
-        if self.response_mask is not None:
-            out["seq_lens"] = (self.prompt_lens[rows] + self.response_mask[rows].sum(1)).long()
+        if self.token_kinds is not None:
+            out["seq_lens"] = kinds.sequence_lengths(self.token_kinds[rows])
         for name in names:
             out[name] = getattr(self, name)[rows]
         return out
@@ -64,7 +89,7 @@ class StepBatch:
 def concat_batches(batches: list[StepBatch]) -> StepBatch:
     """One batch of the samples of `batches`, in order. Token tensors of different widths (each batch was
     trimmed to its own longest sample) are right-padded with 0 to the widest: the columns added lie after
-    every sample's end, where the response mask is 0 and a causal model's outputs are never read."""
+    every sample's end, where the kind is PAD (so the loss mask is 0) and a causal model's outputs are never read."""
     width = max(b.tokens.shape[1] for b in batches)
     out: dict[str, Any] = {"rows": [row for b in batches for row in b.rows]}
     for f in fields(StepBatch):

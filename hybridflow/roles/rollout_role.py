@@ -26,7 +26,7 @@ class LocalSamples(NamedTuple):
     log-probs were asked for, so every rank knows whether `share` sends them."""
 
     tokens: torch.Tensor | None
-    response_mask: torch.Tensor | None
+    token_kinds: torch.Tensor | None
     logprobs: torch.Tensor | None
     with_logprobs: bool
 
@@ -45,8 +45,8 @@ class RolloutRole:
     memory: dict[str, float] = field(default_factory=dict)  # rollout/* GiB freed by sleep, taken by wake (CUDA)
 
     def generate(self, batch: StepBatch, logprobs: bool = False) -> None:
-        """Sample responses for this replica's rows and share tokens, masks (and log-probs, if asked for) with
-        every rank."""
+        """Sample responses for this replica's rows and share tokens, token kinds (and log-probs, if asked for)
+        with every rank."""
         self.share(batch, self.generate_local(batch, logprobs))
 
     def generate_local(self, batch: StepBatch, logprobs: bool = False) -> LocalSamples:
@@ -65,7 +65,7 @@ class RolloutRole:
                 raise RuntimeError("the rollout engine returned no log-probs although they were asked for")
             # hand the KV cache (and, at sleep level 2, weights) back to training
             self._track("rollout/sleep_freed_gib", self.engine.sleep, sign=1.0)
-            local = LocalSamples(out.tokens, out.response_mask, out.logprobs if logprobs else None, logprobs)
+            local = LocalSamples(out.tokens, out.token_kinds, out.logprobs if logprobs else None, logprobs)
         self.step += 1
         return local
 
@@ -74,8 +74,8 @@ class RolloutRole:
         `batch.rollout_logprobs` is None when they were not asked for."""
         rows, shape = batch.size, (batch.tokens.shape[1],)
         batch.tokens = share_from_role(local.tokens, self.mesh, rows, shape, torch.long, self.device).cpu()
-        batch.response_mask = share_from_role(local.response_mask, self.mesh, rows, shape, torch.long,
-                                              self.device).cpu()
+        batch.token_kinds = share_from_role(local.token_kinds, self.mesh, rows, shape, torch.long,
+                                            self.device).cpu()
         batch.rollout_logprobs = None
         if local.with_logprobs:
             batch.rollout_logprobs = share_from_role(local.logprobs, self.mesh, rows, shape, torch.float32,

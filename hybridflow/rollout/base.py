@@ -1,8 +1,9 @@
 """The rollout engine interface: every engine (native Megatron, vLLM) answers `generate` the same way.
 
-Sequences travel right-padded: row b holds its prompt at columns [0, prompt_len[b]) and its response right
-after it. Padding only ever sits at the end of a row, so causal attention needs no padding mask and positions
-are plain 0..T-1 in every engine and in training.
+Sequences travel right-padded: row b holds its prompt at columns [0, prompt_len[b]) and its response side
+right after it (one assistant segment today; assistant and observation turns in a multi-turn trajectory, see
+hybridflow.token_kinds). Padding only ever sits at the end of a row, so causal attention needs no padding
+mask and positions are plain 0..T-1 in every engine and in training.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
+
+from hybridflow import token_kinds as kinds
 
 if TYPE_CHECKING:
     from hybridflow.config.rollout import RolloutConfig
@@ -37,19 +40,31 @@ class SamplingParams:
 class RolloutBatch:
     """Prompts in, responses out; every tensor is [B, T] with T = max prompt length + max_new_tokens.
 
-    tokens:        prompt ids, then response ids, then pad_token_id
-    prompt_lens:   [B] number of prompt tokens in each row
-    response_mask: 1 at the columns of response tokens (up to and including the stop token), else 0
-    logprobs:      at response columns, log p(token) under log_softmax(logits / temperature) of the model
-                   that sampled it (no top-k/top-p renormalisation); 0 elsewhere. The actor recomputes the
-                   same quantity and the parity gate compares the two. None when the sampling asked for
-                   none (`SamplingParams.logprobs=False`).
+    tokens:      prompt ids, then response-side ids, then pad_token_id
+    prompt_lens: [B] number of prompt tokens in each row
+    token_kinds: the TokenKind (hybridflow.token_kinds) of each column: PROMPT, ASSISTANT up to and including
+                 the stop token, OBSERVATION, PAD after the end; None on a prompt-only batch. `seq_lens` and
+                 `loss_mask` follow from it.
+    logprobs:    at assistant columns, log p(token) under log_softmax(logits / temperature) of the model that
+                 sampled it (no top-k/top-p renormalisation); 0 elsewhere. The actor recomputes the same
+                 quantity and the parity gate compares the two. None when the sampling asked for none
+                 (`SamplingParams.logprobs=False`).
     """
 
     tokens: torch.Tensor
     prompt_lens: torch.Tensor
-    response_mask: torch.Tensor | None = None
+    token_kinds: torch.Tensor | None = None
     logprobs: torch.Tensor | None = None
+
+    @property
+    def seq_lens(self) -> torch.Tensor:
+        """[B] prompt + response-side tokens of each row."""
+        return kinds.sequence_lengths(self.token_kinds)
+
+    @property
+    def loss_mask(self) -> torch.Tensor:
+        """[B, T] 1 on the tokens the engine sampled."""
+        return kinds.loss_mask(self.token_kinds)
 
 
 class RolloutEngine(Protocol):
@@ -57,7 +72,7 @@ class RolloutEngine(Protocol):
     training rank feeds (vLLM, `hybridflow.rollout.engine_host`)."""
 
     def generate(self, batch: RolloutBatch, sampling: SamplingParams) -> RolloutBatch:
-        """Fill tokens' response columns, logprobs and response_mask for this DP rank's prompts."""
+        """Fill tokens' response columns, token_kinds and logprobs for this DP rank's prompts."""
         ...
 
     def weight_tensors(self) -> dict[str, torch.Tensor]:

@@ -348,4 +348,4 @@ def _to(batch: RolloutBatch, device: torch.device) -> RolloutBatch:
     def move(t):
         return None if t is None else t.to(device)
 
-    return RolloutBatch(move(batch.tokens), move(batch.prompt_lens), move(batch.response_mask), move(batch.logprobs))
+    return RolloutBatch(move(batch.tokens), move(batch.prompt_lens), move(batch.token_kinds), move(batch.logprobs))

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from hybridflow.rollout.base import EngineSetup, RolloutBatch, SamplingParams
 from hybridflow.rollout.decode_step import ATTEND_BUCKET, DecodeStep
 from hybridflow.rollout.sampling import sample_next
+from hybridflow.token_kinds import TokenKind, prompt_kinds
 from megatron_adapters.bridge import TargetFormat, WeightBridge
 from megatron_adapters.decode_cache import attach_decode_cache, last_position_logits
 from megatron_adapters.model import build_gpt, model_shape
@@ -52,7 +53,7 @@ class MegatronRolloutEngine:
         device = tokens.device
         prompt_lens = batch.prompt_lens.to(device)
         logprobs = torch.zeros(bsz, total, dtype=torch.float32, device=device)
-        response_mask = torch.zeros(bsz, total, dtype=torch.long, device=device)
+        kinds = prompt_kinds(prompt_lens, total)
         done = torch.zeros(bsz, dtype=torch.bool, device=device)
         last_col = torch.clamp(prompt_lens + sampling.max_new_tokens, max=total)  # exclusive end per row
         stop_ids = torch.tensor(sampling.stop_token_ids, dtype=torch.long, device=device)
@@ -61,7 +62,7 @@ class MegatronRolloutEngine:
 
         end = int(prompt_lens.min())
         if end >= total:  # no column left to sample into
-            return RolloutBatch(tokens, batch.prompt_lens, response_mask, logprobs if sampling.logprobs else None)
+            return RolloutBatch(tokens, batch.prompt_lens, kinds, logprobs if sampling.logprobs else None)
         check_every = 1 if device.type == "cpu" else GPU_DONE_CHECK_EVERY
         with attach_decode_cache(self.model, bsz, total) as cache:
             positions = torch.arange(end, device=device).expand(bsz, end)
@@ -75,7 +76,7 @@ class MegatronRolloutEngine:
                 tokens[:, end] = torch.where(in_prompt, tokens[:, end], next_tok)
                 tokens[:, end] = torch.where(in_prompt | is_response, tokens[:, end], sampling.pad_token_id)
                 logprobs[:, end] = torch.where(is_response, next_logp, 0.0)
-                response_mask[:, end] = is_response.long()
+                kinds[:, end] = torch.where(is_response, int(TokenKind.ASSISTANT), kinds[:, end])
                 hit_stop = is_response & torch.isin(next_tok, stop_ids)
                 done |= hit_stop | (~in_prompt & (end + 1 >= last_col))
                 end += 1
@@ -83,7 +84,7 @@ class MegatronRolloutEngine:
                     break
                 logits = step(tokens[:, end - 1 : end], end - 1)
         # the log-probs cost nothing here (a gather per step); dropped when not asked for, as vLLM does
-        return RolloutBatch(tokens, batch.prompt_lens, response_mask, logprobs if sampling.logprobs else None)
+        return RolloutBatch(tokens, batch.prompt_lens, kinds, logprobs if sampling.logprobs else None)
 
     def _sample(
         self, local_logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator

@@ -30,6 +30,7 @@ from hybridflow.errors import UserError
 from hybridflow.placement import RoleMesh
 from hybridflow.rollout.base import EngineSetup, RolloutBatch, SamplingParams
 from hybridflow.rollout.engine_host import EngineProcess, HostedEngine, build_hosted_engine, spawn_engine_process
+from hybridflow.token_kinds import TokenKind, prompt_kinds
 from megatron_adapters.bridge import TargetFormat, WeightBridge
 from megatron_adapters.model import load_hf_config
 
@@ -170,7 +171,7 @@ def outputs_to_batch(batch: RolloutBatch, outputs: Sequence[Any | None], samplin
     tokens = batch.tokens.clone()
     bsz, width = tokens.shape
     logprobs = torch.zeros(bsz, width, dtype=torch.float32) if sampling.logprobs else None
-    response_mask = torch.zeros(bsz, width, dtype=torch.long)
+    kinds = prompt_kinds(batch.prompt_lens.cpu(), width)
     if len(outputs) != bsz:
         raise RuntimeError(f"vLLM answered {len(outputs)} requests for {bsz} prompts")
     for row, (out, room) in enumerate(zip(outputs, response_room(batch, sampling), strict=True)):
@@ -191,9 +192,9 @@ def outputs_to_batch(batch: RolloutBatch, outputs: Sequence[Any | None], samplin
             # each position maps token id -> Logprob; with logprobs=0 it holds the sampled token (at least)
             picked = [pos[t].logprob for pos, t in zip(completion.logprobs, ids, strict=True)]
             logprobs[row, start:end] = torch.tensor(picked)
-        response_mask[row, start:end] = 1
+        kinds[row, start:end] = int(TokenKind.ASSISTANT)
     device = batch.tokens.device
-    return RolloutBatch(tokens, batch.prompt_lens, response_mask.to(device),
+    return RolloutBatch(tokens, batch.prompt_lens, kinds.to(device),
                         None if logprobs is None else logprobs.to(device))
 
 

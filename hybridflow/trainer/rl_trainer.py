@@ -32,71 +32,28 @@ until after update k. A rank holding the rollout and another non-actor role (say
 its part of 2: still correct, less overlap. The landed batch is in the checkpoint (hybridflow.trainer.loop):
 the weights that generated it are gone after the update, so a resumed run could not regenerate it.
 
-Off-policy correction: PPO's ratio is against the actor's old log-probs (w_{k-1}, before the update);
-`algorithm.tis_cap` > 0 also weights each token's policy loss by min(pi_old / pi_rollout, cap)
-(hybridflow.algorithms.losses.truncated_is). The parity gate compares the rollout's log-probs with the actor's and
-needs both from the same weights: it holds at lag 0; at lag 1 the gap is the one-update drift, reported as
-`offpolicy/*` and not gated. It runs on steps 0, N, 2N, ... (`trainer.parity_every` = N, 0 = never), and the
-rollout returns log-probs only for the batches something reads them from (those steps, or every step with
-truncated IS): vLLM computes them at a cost, and a step without them never compares against zeros.
+The RL step itself (what `consume` runs, and the parity gate) is hybridflow.trainer.rl_step.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
-from hybridflow.algorithms import (
-    ActorLossConfig,
-    Algorithm,
-    CriticLossConfig,
-    KLController,
-    actor_loss,
-    critic_loss,
-    kl_penalized_rewards,
-    last_token_scores,
-    loss_agg,
-    sequence_kl,
-    sft_loss,
-)
-from hybridflow.algorithms.losses.truncated_is import truncated_is_weights
+from hybridflow.algorithms import Algorithm, KLController
 from hybridflow.config import ExperimentConfig
-from hybridflow.data.packing import as_rows
 from hybridflow.data.step_batch import StepBatch
 from hybridflow.placement import RoleMesh
 from hybridflow.roles.groups import TrainingGroup
-from hybridflow.roles.model_role import ModelRole, per_token_logprobs, per_token_values
-from hybridflow.roles.replica_results import share_from_role
+from hybridflow.roles.model_role import ModelRole
 from hybridflow.roles.rollout_role import RolloutRole
+from hybridflow.token_kinds import observation_share
 from hybridflow.trainer.dynamic_sampling import fill_batch
+from hybridflow.trainer.rl_step import RLStep, StageTimer
 from hybridflow.trainer.scorer import Scorer
-from megatron_adapters.cpu_backend import compute_device
-
-
-class ParityError(RuntimeError):
-    """The rollout's log-probs disagree with the actor's beyond `trainer.parity_max_abs`."""
-
-
-class StageTimer:
-    """Wall time per stage on this rank (CUDA work is synchronised at each boundary)."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-
-    @contextmanager
-    def __call__(self, stage: str) -> Iterator[None]:
-        start = time.perf_counter()
-        with torch.profiler.record_function(f"stage/{stage}"):  # a profiled step's ranges (trainer/profiling.py)
-            yield
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - start
-
 
 # Training width is rounded up to this many columns: divisible by any TP degree (sequence parallelism
 # splits the sequence over TP) and a friendly size for the kernels.
@@ -104,7 +61,7 @@ TRIM_MULTIPLE = 64
 
 
 @dataclass
-class RLTrainer:
+class RLTrainer(RLStep):
     cfg: ExperimentConfig
     roles: dict[str, ModelRole]  # the model roles this rank holds (actor, critic, ref, reward)
     meshes: dict[str, RoleMesh]  # every enabled role's mesh (also for roles this rank does not hold)
@@ -153,15 +110,6 @@ class RLTrainer:
         generating = self.rollout.generate_local(prompts, self.reads_rollout_logprobs(self.steps_done))
         self.ready = self.produce(prompts, generating, StageTimer(), "generate", draw)
 
-    @property
-    def lag(self) -> int:
-        return self.cfg.trainer.rollout_lag
-
-    def parity_due(self, step: int) -> bool:
-        """Whether the parity gate (off-policy figures at lag 1) runs at RL step `step` (0-based)."""
-        every = self.cfg.trainer.parity_every
-        return bool(every) and step % every == 0
-
     def reads_rollout_logprobs(self, step: int) -> bool:
         """Whether the batch trained on at `step` needs the rollout's log-probs (the gate, truncated IS)."""
         return bool(self.algorithm.tis_cap) or self.parity_due(step)
@@ -197,173 +145,16 @@ class RLTrainer:
             batch, self.sampling_metrics = fill_batch(prompts, generated_and_scored, self.algorithm.group_filter)
         return batch
 
-    def consume(self, batch: StepBatch, timer: StageTimer) -> dict[str, float]:
-        """Everything after scoring up to the updates, on the training group; this rank's role metrics, the
-        KL per response and the parity (lag 0) or off-policy (lag 1) figures."""
-        temperature = self.cfg.rollout.temperature or 1.0
-        with timer("ref"):
-            ref = self._infer("ref", batch, lambda r: per_token_logprobs(r, temperature))
-        with timer("values"):
-            values = self._infer("critic", batch, lambda r: per_token_values)
-        with timer("old_logprobs"):
-            old = self._infer("actor", batch, lambda r: per_token_logprobs(r, temperature))
-        with timer("exchange"):
-            batch.old_logprobs = self.share("actor", old, batch)
-            batch.ref_logprobs = self.share("ref", ref, batch) if "ref" in self.meshes else None
-            batch.values = self.share("critic", values, batch) if "critic" in self.meshes else None
-            self.land_scores(batch)
-        metrics = self.gate(batch)
-        with timer("advantages"):
-            kl = self.assign_rewards(batch)
-            adv = self.algorithm.estimator(batch.token_rewards, batch.response_mask, batch.values)
-            batch.advantages, batch.returns = adv.advantages, adv.returns
-            if self.algorithm.tis_cap:
-                _require_rollout_logprobs(batch, "algorithm.tis_cap")
-                batch.is_weights = truncated_is_weights(batch.old_logprobs, batch.rollout_logprobs,
-                                                        self.algorithm.tis_cap)
-        with timer("update_critic"):
-            if "critic" in self.roles:
-                metrics |= self._update("critic", batch, self._critic_loss, ("values", "returns"))
-        with timer("update_actor"):
-            if "actor" in self.roles:
-                metrics |= self._update("actor", batch, self._actor_loss(temperature), self._actor_fields())
-        self.kl_ctl.update(kl, batch.size)
-        return metrics | {"kl": kl, "kl_coef": float(self.kl_ctl.value)}
-
-    def land_scores(self, batch: StepBatch) -> None:
-        """Share the scores `produce` left on their ranks (a no-op once shared); collective over the world."""
-        if batch.scores is None:
-            batch.scores = self.scorer.share(self.unshared_scores, batch)
-            self.unshared_scores = None
-
-    @property
-    def _kl_loss(self) -> bool:
-        return "ref" in self.meshes and self.algorithm.reward_kl is None and self.cfg.algorithm.kl_coef > 0
-
-    # ---- stages ---------------------------------------------------------------------------------
-    def _infer(self, role: str, batch: StepBatch, per_token) -> torch.Tensor | None:
-        if role not in self.roles:
-            return None
-        r = self.roles[role]
-        return r.forward(batch.tensors(rows=r.local_rows(batch.size)), per_token(r))
-
-    def share(self, role: str, local: torch.Tensor | None, batch: StepBatch) -> torch.Tensor:
-        """The role's per-token results on every rank of the training group."""
-        return share_from_role(local, self.meshes[role], batch.size, tuple(batch.tokens.shape[1:]),
-                               torch.float32, self.device, group=self.training.group).cpu()
-
-    def gate(self, batch: StepBatch) -> dict[str, float]:
-        """The parity figures (and gate) of this step's batch on the steps `trainer.parity_every` picks."""
-        # At lag 1 the first batch after a resume was generated before it, under the cadence then (the
-        # checkpoint holds it); any other batch lacking log-probs it asked for, generate_local refused.
-        restored_without = self.lag and batch.rollout_logprobs is None
-        return self.parity(batch) if self.parity_due(self.steps_done) and not restored_without else {}
-
-    def parity(self, batch: StepBatch) -> dict[str, float]:
-        """Compare the rollout's log-probs of its samples with the actor's recomputation; fail loudly at lag 0
-        (at lag 1 they come from weights one update apart: `offpolicy/*`, not gated)."""
-        _require_rollout_logprobs(batch, "trainer.parity_every")
-        mask = batch.response_mask.bool()
-        diff = (batch.rollout_logprobs - batch.old_logprobs).abs()[mask]
-        prefix = "offpolicy" if self.lag else "parity"
-        out = {f"{prefix}/max_abs": float(diff.max()) if diff.numel() else 0.0,
-               f"{prefix}/mean_abs": float(diff.mean()) if diff.numel() else 0.0}
-        if not self.lag and out["parity/max_abs"] > self.cfg.trainer.parity_max_abs:
-            raise ParityError(
-                f"trainer.parity_max_abs: rollout vs actor log-prob max abs diff {out['parity/max_abs']:.3g} > "
-                f"{self.cfg.trainer.parity_max_abs:g} (mean {out['parity/mean_abs']:.3g}); the engines disagree "
-                "(weights out of sync, or dtype); raise the threshold for bf16 engines"
-            )
-        return out
-
-    def assign_rewards(self, batch: StepBatch) -> float:
-        """Token rewards from the scores (and the KL penalty when it lives in the reward); returns the KL per
-        response (`sequence_kl`) that the controller steers."""
-        mask = batch.response_mask
-        shaping = self.algorithm.shaping
-        scores = batch.scores if shaping is None else shaping(batch.scores, mask)  # metrics keep the raw ones
-        if batch.ref_logprobs is None:
-            batch.token_rewards = last_token_scores(scores, mask)
-            return 0.0
-        if self.algorithm.reward_kl is not None:
-            batch.token_rewards, kl = kl_penalized_rewards(
-                scores, batch.old_logprobs, batch.ref_logprobs, mask, self.kl_ctl.value, self.algorithm.reward_kl)
-        else:
-            batch.token_rewards = last_token_scores(scores, mask)
-            kl = batch.old_logprobs - batch.ref_logprobs
-        return float(sequence_kl(kl, mask))
-
-    def _update(self, role: str, batch: StepBatch, loss_fn, fields: tuple[str, ...]) -> dict[str, float]:
-        """PPO epochs x mini-batches; each mini-batch is split over the role's DP replicas."""
-        r, alg = self.roles[role], self.cfg.algorithm
-        collected: dict[str, list[float]] = {}
-        for _ in range(alg.ppo_epochs):
-            for start in range(0, batch.size, alg.mini_batch_size):
-                mine = r.local_rows(alg.mini_batch_size)  # this replica's share of the mini-batch
-                rows = slice(start + mine.start, start + mine.stop)
-                tensors = batch.tensors("response_mask", *fields, rows=rows)
-                micro = r.micro_batches(tensors)
-                scale = self._loss_scale(r, tensors["response_mask"], len(micro))
-                for k, v in r.train(micro, lambda out, mb, s=scale: loss_fn(out, mb, s)).items():
-                    collected.setdefault(f"{role}/{k}", []).append(v)
-        return {k: sum(v) / len(v) for k, v in collected.items()}
-
-    def _actor_fields(self) -> tuple[str, ...]:
-        return ("old_logprobs", "advantages") + (("ref_logprobs",) if self._kl_loss else ()) \
-            + (("is_weights",) if self.algorithm.tis_cap else ())
-
-    def _actor_loss(self, temperature: float):
-        alg, actor = self.cfg.algorithm, self.roles["actor"]
-        cfg = ActorLossConfig(policy=self.algorithm.policy_loss, entropy_coef=alg.entropy_coef,
-                              kl_loss_coef=alg.kl_coef if self._kl_loss else 0.0,
-                              kl_loss_estimator=alg.kl_loss_estimator)
-
-        def fn(logits, mb, scale):
-            logp, ent = actor.logprobs(logits, mb["input_ids"], temperature, with_entropy=True)
-            out = actor_loss(logp, mb["old_logprobs"], mb["advantages"], mb["response_mask"], cfg,
-                             entropy=ent, ref_logprobs=mb.get("ref_logprobs"), is_weights=mb.get("is_weights"))
-            return self._aggregate(out, mb, scale)
-
-        return fn
-
-    def _critic_loss(self, values, mb, scale):
-        cfg = CriticLossConfig(cliprange_value=self.cfg.algorithm.cliprange_value)
-        v = per_token_values(values, mb)
-        return self._aggregate(critic_loss(v, mb["values"], mb["returns"], mb["response_mask"], cfg), mb, scale)
-
-    def _loss_scale(self, role, mask: torch.Tensor, n_micro: int) -> float:
-        """loss_agg.micro_batch_scale for this mini-batch: the count is summed over the role's DP replicas."""
-        count = loss_agg.local_count(mask, self.cfg.algorithm.loss_agg_mode).to(compute_device())
-        dist.all_reduce(count, group=role.groups.dp)
-        return loss_agg.micro_batch_scale(n_micro, role.mesh.dp, float(count))
-
-    def _aggregate(self, out, mb, scale: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The micro-batch loss megatron's schedule gets; metrics stay token sums plus the token count.
-        A packed micro-batch's per-token loss goes back to rows first (per-sequence modes sum per row)."""
-        mode = self.cfg.algorithm.loss_agg_mode
-        loss = loss_agg.numerator(as_rows(out.token_loss, mb), as_rows(out.mask, mb), mode) * scale
-        return loss, {**out.metrics, "num_tokens": out.num_tokens.float()}
-
-    def warmup(self, tensors: dict[str, torch.Tensor]) -> dict[str, float]:
-        """One supervised step on the actor (prompt + answer tokens, loss on the answer)."""
-        actor = self.roles["actor"]
-
-        def fn(logits, mb):
-            return _mean_loss(sft_loss(actor.logprobs(logits, mb["input_ids"]), mb["loss_mask"]))
-
-        rows = actor.local_rows(tensors["input_ids"].shape[0])
-        return actor.train(actor.micro_batches({k: v[rows] for k, v in tensors.items()}), fn)
-
     # ---- metrics --------------------------------------------------------------------------------
     def _step_metrics(self, batch, metrics, timer) -> dict[str, float]:
-        mask = batch.response_mask.float()
-        lengths = mask.sum(1)
-        tokens = float((batch.prompt_lens + lengths).sum())
+        lengths = batch.loss_mask.float().sum(1)  # the tokens the policy wrote
+        tokens = float(batch.seq_lens.sum())
         step_time = sum(timer.seconds.values())
         world = dist.get_world_size()
         out = {
             "reward/mean": float(batch.scores.mean()), "reward/std": float(batch.scores.std()),
             "response_length": float(lengths.mean()),
+            "observation_token_share": observation_share(batch.token_kinds),
             "prompt_length": float(batch.prompt_lens.float().mean()),
             "tokens_per_s": tokens / step_time, "tokens_per_s_per_gpu": tokens / step_time / world,
             "step_time_s": step_time, **_from_every_rank(metrics),
@@ -372,13 +163,6 @@ class RLTrainer:
         if torch.cuda.is_available():
             out["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
         return out
-
-
-def _require_rollout_logprobs(batch: StepBatch, reader: str) -> None:
-    """Reading the rollout's log-probs of a batch generated without them: fail, never read zeros."""
-    if batch.rollout_logprobs is None:
-        raise RuntimeError(f"{reader}: the batch was generated without the rollout's log-probs "
-                           "(RLTrainer.reads_rollout_logprobs decides which batches get them)")
 
 
 def _from_every_rank(role_metrics: dict[str, float]) -> dict[str, float]:
@@ -391,9 +175,3 @@ def _from_every_rank(role_metrics: dict[str, float]) -> dict[str, float]:
         for key, value in part.items():
             merged.setdefault(key, value)
     return dict(sorted(merged.items()))
-
-
-def _mean_loss(out) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """megatron's schedule wants a per-micro-batch mean; metrics stay token sums plus the token count."""
-    tokens = out.num_tokens.clamp(min=1)
-    return out.loss_sum / tokens, {**out.metrics, "num_tokens": out.num_tokens.float()}

@@ -9,6 +9,7 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from hybridflow.data.step_batch import StepBatch
+from hybridflow.token_kinds import response_extent, segment_spans
 
 
 def sample_records(tokenizer: PreTrainedTokenizerBase, batch: StepBatch, step: int, split: str, n: int,
@@ -16,18 +17,26 @@ def sample_records(tokenizer: PreTrainedTokenizerBase, batch: StepBatch, step: i
     """One record per sample for the first `n` samples of a generated and scored `batch`.
 
     Text is decoded with its special tokens (the template, a stop token), as the model saw and wrote it.
+    `response` is every response-side token; `response_tokens` counts the sampled (assistant) ones.
     `finish_reason` is "stop" when the response ends with a stop id, else "length" (the token limit).
+    A multi-turn sample also lists its `turns`: each segment's kind ("assistant", "observation") and text.
     """
     records = []
+    extent, sampled = response_extent(batch.token_kinds), batch.loss_mask
     for i in range(min(n, batch.size)):
         prompt = batch.tokens[i, : int(batch.prompt_lens[i])].tolist()
-        response = batch.tokens[i][batch.response_mask[i].bool()].tolist()
-        records.append({
+        response = batch.tokens[i][extent[i].bool()].tolist()
+        record = {
             "step": step, "split": split,
             "prompt": tokenizer.decode(prompt), "response": tokenizer.decode(response),
-            "reward": float(batch.scores[i]), "response_tokens": len(response),
+            "reward": float(batch.scores[i]), "response_tokens": int(sampled[i].sum()),
             "finish_reason": "stop" if response and response[-1] in stop_token_ids else "length",
-        })
+        }
+        spans = segment_spans(batch.token_kinds[i])
+        if len(spans) > 1:
+            record["turns"] = [{"kind": kind.name.lower(), "text": tokenizer.decode(batch.tokens[i, a:b].tolist())}
+                               for a, b, kind in spans]
+        records.append(record)
     return records
 
 

@@ -15,13 +15,16 @@ from hybridflow.placement import RoleMesh
 from hybridflow.rewards import compute_scores, resolve_reward_fn, reward_inputs
 from hybridflow.roles.model_role import ModelRole
 from hybridflow.roles.replica_results import share_from_role
+from hybridflow.token_kinds import response_extent
 
 
 def rule_inputs(tokenizer: PreTrainedTokenizerBase, batch: StepBatch):
-    """Decode prompts and responses of a right-padded batch for a reward function."""
+    """Decode prompts and responses of a right-padded batch for a reward function; the response is every
+    response-side token (a trajectory's assistant turns and observations alike)."""
     cols = torch.arange(batch.tokens.shape[1])
     prompt_mask = (cols[None, :] < batch.prompt_lens[:, None]).long()
-    return reward_inputs(tokenizer, batch.tokens, prompt_mask, batch.tokens, batch.response_mask, batch.rows)
+    return reward_inputs(tokenizer, batch.tokens, prompt_mask, batch.tokens, response_extent(batch.token_kinds),
+                         batch.rows)
 
 
 @dataclass
@@ -44,12 +47,13 @@ def build_scorer(
         return Scorer(lambda batch: compute_scores(fn, rule_inputs(tokenizer, batch)), lambda local, batch: local)
 
     def model_scores(batch: StepBatch) -> torch.Tensor | None:
-        # The reward head's output at each sequence's last response token is its score.
+        # The reward head's output at each sequence's last response-side token (the whole trajectory read) is
+        # its score.
         if reward_role is None:
             return None
         rows = reward_role.local_rows(batch.size)
         out = reward_role.forward(batch.tensors(rows=rows), lambda logits, mb: logits[..., 0].float())
-        return _at_last_response_token(out, batch.response_mask[rows])[:, None]
+        return _at_last_response_token(out, response_extent(batch.token_kinds[rows]))[:, None]
 
     def share(local: torch.Tensor | None, batch: StepBatch) -> torch.Tensor:
         return share_from_role(local, reward_mesh, batch.size, (1,), torch.float32, device).cpu()[:, 0]

@@ -19,8 +19,8 @@ def test_synthetic_rows_are_right_padded_with_lengths_in_range():
     after_end = columns >= lens[:, None]
     assert (rows["input_ids"][after_end] == 0).all()
     # the "prompt" is each row's first 16 tokens; the response runs to the row's end
-    assert (rows["response_mask"].sum(1) == lens - 16).all()
-    assert rows["response_mask"][:, :16].sum() == 0
+    assert (rows["loss_mask"].sum(1) == lens - 16).all()
+    assert rows["loss_mask"][:, :16].sum() == 0
 
 
 def test_tiny_cpu_run_times_every_variant_and_packed_matches_padded(tmp_path):

@@ -27,7 +27,7 @@ def _batch(vocab: int) -> dict[str, torch.Tensor]:
     per_token = {k: torch.randn(rows, width, generator=gen) * mask
                  for k in ("old_logprobs", "advantages", "values", "returns")}
     per_token["old_logprobs"] = per_token["old_logprobs"].abs().neg() - 1.0
-    return {"input_ids": ids, "response_mask": mask, "seq_lens": torch.tensor(LENGTHS), **per_token}
+    return {"input_ids": ids, "loss_mask": mask, "seq_lens": torch.tensor(LENGTHS), **per_token}
 
 
 def _parity(hf_dir: str, tp: int, pp: int, batch: dict[str, torch.Tensor]) -> dict:
@@ -67,7 +67,7 @@ def _parity(hf_dir: str, tp: int, pp: int, batch: dict[str, torch.Tensor]) -> di
             for name, role, loss_fn in (("actor", actor, trainer._actor_loss(0.7)),
                                         ("critic", critic, trainer._critic_loss)):
                 micro = role.micro_batches(batch)
-                scale = trainer._loss_scale(role, batch["response_mask"], len(micro))
+                scale = trainer._loss_scale(role, batch["loss_mask"], len(micro))
                 losses, n = [], len(micro)
 
                 def fn(output, mb, loss_fn=loss_fn, scale=scale, losses=losses, n=n):

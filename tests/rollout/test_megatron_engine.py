@@ -32,7 +32,7 @@ def _generate(hf_dir: str, tp: int, sampling: SamplingParams, attend_bucket: int
     load_hf_weights(model, hf_dir)
     engine = MegatronRolloutEngine(model, pgs.tp, model_shape(hf_dir).vocab_size, attend_bucket=attend_bucket)
     out = engine.generate(_prompt_batch(max(map(len, PROMPTS)) + NEW), sampling)
-    return out.tokens, out.response_mask, out.logprobs
+    return out.tokens, out.loss_mask, out.logprobs
 
 
 def _prefill_logits(hf_dir: str):

@@ -189,7 +189,7 @@ def test_outputs_fill_response_columns_mask_and_sampled_logprobs():
     outs = [fake_output([5, 6, 7], [3, 2], [-0.5, -0.25]), fake_output([8], [4, 4, 9], [-1.0, -2.0, -3.0])]
     got = outputs_to_batch(batch, outs, sampling)
     assert got.tokens.tolist() == [[5, 6, 7, 3, 2, 0], [8, 4, 4, 9, 0, 0]]
-    assert got.response_mask.tolist() == [[0, 0, 0, 1, 1, 0], [0, 1, 1, 1, 0, 0]]
+    assert got.loss_mask.tolist() == [[0, 0, 0, 1, 1, 0], [0, 1, 1, 1, 0, 0]]
     assert got.logprobs.tolist() == [[0, 0, 0, -0.5, -0.25, 0], [0, -1.0, -2.0, -3.0, 0, 0]]
     assert got.prompt_lens.tolist() == [3, 1] and got.logprobs.dtype == torch.float32
 
@@ -197,7 +197,7 @@ def test_outputs_fill_response_columns_mask_and_sampled_logprobs():
 def test_outputs_leave_rows_without_room_as_prompt_only():
     batch = prompt_batch([[1, 2, 3, 4]], width=4)
     got = outputs_to_batch(batch, [None], SamplingParams(max_new_tokens=2))
-    assert got.tokens.tolist() == [[1, 2, 3, 4]] and got.response_mask.sum() == 0
+    assert got.tokens.tolist() == [[1, 2, 3, 4]] and got.loss_mask.sum() == 0
 
 
 def test_outputs_fail_loudly_on_wrong_prompt_or_length_or_missing_logprobs():
@@ -221,7 +221,7 @@ def test_outputs_without_logprobs_asked_for_give_none():
     out.outputs[0].logprobs = None  # what vLLM returns when SamplingParams.logprobs is None
     got = outputs_to_batch(batch, [out], SamplingParams(max_new_tokens=3, logprobs=False))
     assert got.logprobs is None
-    assert got.tokens.tolist() == [[5, 6, 3, 4, 0]] and got.response_mask.tolist() == [[0, 0, 1, 1, 0]]
+    assert got.tokens.tolist() == [[5, 6, 3, 4, 0]] and got.loss_mask.tolist() == [[0, 0, 1, 1, 0]]
 
 
 # ------------------------------------------------------------------- engine layout = the bridge's layout
@@ -365,7 +365,7 @@ def test_generate_sends_each_row_its_room_and_seed():
     assert [p["max_tokens"] for p in params] == [3, 4]
     assert [p["seed"] for p in params] == [request_seed(9, 1, 0), request_seed(9, 1, 1)]
     assert got.tokens.tolist() == [[5, 6, 7, 7, 8, 2], [8, 7, 8, 2, 0, 0], [1, 2, 3, 4, 5, 6]]
-    assert got.response_mask.tolist() == [[0, 0, 0, 1, 1, 1], [0, 1, 1, 1, 0, 0], [0] * 6]
+    assert got.loss_mask.tolist() == [[0, 0, 0, 1, 1, 1], [0, 1, 1, 1, 0, 0], [0] * 6]
     assert got.logprobs.tolist()[1] == [0, -0.5, -0.5, -0.5, 0, 0]
 
 

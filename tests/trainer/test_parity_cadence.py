@@ -16,7 +16,9 @@ from hybridflow.algorithms import build_algorithm
 from hybridflow.config import load_experiment
 from hybridflow.data.step_batch import StepBatch
 from hybridflow.roles.rollout_role import LocalSamples
-from hybridflow.trainer.rl_trainer import ParityError, RLTrainer
+from hybridflow.trainer.rl_step import ParityError
+from hybridflow.trainer.rl_trainer import RLTrainer
+from tests.single_turn import single_turn_kinds
 
 
 def trainer(*overrides: str, lag: int = 0, **fields) -> RLTrainer:
@@ -45,7 +47,8 @@ def test_logprobs_are_read_on_gate_steps_and_with_truncated_is(overrides, want):
 def batch(logprobs: torch.Tensor | None) -> StepBatch:
     mask = torch.tensor([[0, 1, 1, 0]])
     return StepBatch(rows=[{}], tokens=torch.zeros(1, 4, dtype=torch.long), prompt_lens=torch.tensor([1]),
-                     response_mask=mask, rollout_logprobs=logprobs, old_logprobs=torch.tensor([[0, -1.0, -2.0, 0]]))
+                     token_kinds=single_turn_kinds(torch.tensor([1]), mask), rollout_logprobs=logprobs,
+                     old_logprobs=torch.tensor([[0, -1.0, -2.0, 0]]))
 
 
 def test_gate_runs_only_on_its_steps_and_refuses_missing_logprobs():
@@ -82,8 +85,9 @@ class FakeRollout:
         return LocalSamples(None, None, None, logprobs)
 
     def share(self, batch: StepBatch, local: LocalSamples) -> None:
-        batch.response_mask = torch.zeros_like(batch.tokens)
-        batch.response_mask[:, 2] = 1
+        mask = torch.zeros_like(batch.tokens)
+        mask[:, 2] = 1
+        batch.token_kinds = single_turn_kinds(batch.prompt_lens, mask)
         batch.rollout_logprobs = torch.zeros(batch.tokens.shape) if local.with_logprobs else None
 
     def sync(self, actor) -> None:

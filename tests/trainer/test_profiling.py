@@ -6,7 +6,7 @@ import json
 import torch
 
 from hybridflow.trainer.profiling import profiled
-from hybridflow.trainer.rl_trainer import StageTimer
+from hybridflow.trainer.rl_step import StageTimer
 
 
 def test_profiled_step_writes_a_trace_and_a_table_per_stage(tmp_path):

@@ -8,8 +8,11 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from hybridflow.data.step_batch import StepBatch
 from hybridflow.data.tasks import BUILTIN_ALPHABET
 from hybridflow.data.tokenizer import char_tokenizer
+from hybridflow.token_kinds import TokenKind
 from hybridflow.trainer.metrics import MetricsLog
 from hybridflow.trainer.samples import sample_records
+from hybridflow.trainer.scorer import rule_inputs
+from tests.single_turn import single_turn_kinds
 
 
 def _batch(tok):
@@ -24,8 +27,9 @@ def _batch(tok):
     for i, (p, r) in enumerate(rows):
         tokens[i, : len(p) + len(r)] = torch.tensor(p + r)
         mask[i, len(p) : len(p) + len(r)] = 1
-    return StepBatch(rows=[{}] * 3, tokens=tokens, prompt_lens=torch.tensor([len(p) for p, _ in rows]),
-                     response_mask=mask, scores=torch.tensor([1.0, 0.25, 0.0]))
+    prompt_lens = torch.tensor([len(p) for p, _ in rows])
+    return StepBatch(rows=[{}] * 3, tokens=tokens, prompt_lens=prompt_lens,
+                     token_kinds=single_turn_kinds(prompt_lens, mask), scores=torch.tensor([1.0, 0.25, 0.0]))
 
 
 def test_records_decode_prompt_response_reward_and_why_it_ended():
@@ -58,3 +62,25 @@ def test_inactive_rank_writes_nothing(tmp_path):
     tok = char_tokenizer(BUILTIN_ALPHABET)
     MetricsLog(tmp_path, 2, 0, active=False).log_samples(sample_records(tok, _batch(tok), 1, "train", 2, ()))
     assert not (tmp_path / "samples.jsonl").exists()
+
+
+def test_a_multi_turn_record_shows_each_turn_and_counts_sampled_tokens():
+    tok = char_tokenizer(BUILTIN_ALPHABET)
+    def text(s: str) -> list[int]:
+        return tok(s, add_special_tokens=False)["input_ids"]
+
+    parts = [(TokenKind.PROMPT, tok("12>")["input_ids"]), (TokenKind.ASSISTANT, text("3+")),
+             (TokenKind.OBSERVATION, text("45")), (TokenKind.ASSISTANT, text("6") + [tok.eos_token_id])]
+    ids = [i for _, p in parts for i in p]
+    kinds = torch.zeros(1, len(ids) + 3, dtype=torch.long)
+    kinds[0, : len(ids)] = torch.tensor([int(k) for k, p in parts for _ in p])
+    tokens = torch.full(kinds.shape, tok.pad_token_id)
+    tokens[0, : len(ids)] = torch.tensor(ids)
+    batch = StepBatch(rows=[{}], tokens=tokens, prompt_lens=torch.tensor([len(parts[0][1])]), token_kinds=kinds,
+                      scores=torch.tensor([1.0]))
+    (record,) = sample_records(tok, batch, step=1, split="train", n=1, stop_token_ids=(tok.eos_token_id,))
+    assert record["response"] == "3+456<eos>" and record["response_tokens"] == 4  # 2 + 2 sampled, 2 observed
+    assert record["finish_reason"] == "stop"
+    assert record["turns"] == [{"kind": "assistant", "text": "3+"}, {"kind": "observation", "text": "45"},
+                               {"kind": "assistant", "text": "6<eos>"}]
+    assert rule_inputs(tok, batch).responses == ["3+456"]  # a rule reads the whole trajectory
