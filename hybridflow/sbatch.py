@@ -55,8 +55,9 @@ def _has_slurm_field() -> bool:
 
 def load_job(argv_overrides: Sequence[str], config: str | None = None, config_dir: str | None = None
              ) -> tuple[ExperimentConfig, SlurmConfig, list[str]]:
-    """The experiment, the Slurm settings and the arguments the job's run command gets. The experiment is
-    `config` (a name or the user's file) when given, else the overrides' `+experiment=NAME`."""
+    """The experiment, the Slurm settings and the arguments the job's run command gets (the user's file and
+    folder first). The experiment is `config` (a name or the user's file) when given, else the overrides'
+    `+experiment=NAME`."""
     if _has_slurm_field():
         slurm, run_overrides = None, [o for o in argv_overrides if not o.startswith(SLURM_PREFIX)]
         overrides = list(argv_overrides)
@@ -67,11 +68,14 @@ def load_job(argv_overrides: Sequence[str], config: str | None = None, config_di
     experiment = Experiment.load(config or named, rest, config_dir)
     check_algorithm(experiment.config)
     cfg = experiment.config
-    # The job may start elsewhere: the user's file and folder by absolute path.
+    return cfg, slurm or cfg.slurm, [*_source_args(config, config_dir), *run_overrides]  # type: ignore[attr-defined]
+
+
+def _source_args(config: str | None, config_dir: str | None) -> list[str]:
+    """The run command's `--config FILE` / `--config-dir DIR` (by absolute path: the job may start elsewhere)."""
     source = [] if config is None else (["--config", str(Path(config).resolve())] if is_experiment_file(config)
                                         else [f"+experiment={config}"])
-    where = [] if config_dir is None else ["--config-dir", str(Path(config_dir).resolve())]
-    return cfg, slurm or cfg.slurm, [*source, *where, *run_overrides]  # type: ignore[attr-defined]
+    return source + ([] if config_dir is None else ["--config-dir", str(Path(config_dir).resolve())])
 
 
 def render_for_experiment(argv_overrides: Sequence[str], config: str | None = None,
@@ -79,10 +83,11 @@ def render_for_experiment(argv_overrides: Sequence[str], config: str | None = No
     """The script text for `+experiment=NAME overrides...` (slurm.* included), or for `config` (a name or
     the user's file) with those overrides."""
     cfg, slurm, run_args = load_job(argv_overrides, config, config_dir)
+    source = _source_args(config, config_dir)
     plan = plan_placement(cfg)
     layout = layout_from_plan(plan, request_gpus=cfg.cluster.gpu_type != "cpu")
     command = slurm.command or " ".join(["-m hybridflow.run", *map(shlex.quote, run_args)])
-    header = [f"Rendered by: python -m hybridflow.sbatch {' '.join(map(shlex.quote, argv_overrides))}",
+    header = [f"Rendered by: python -m hybridflow.sbatch {' '.join(map(shlex.quote, [*source, *argv_overrides]))}",
               f"Experiment: {cfg.name}; plan: {plan.world_size} ranks on {plan.nodes} node(s)."]
     if slurm.workdir is None:
         slurm = dataclasses.replace(slurm, workdir=os.getcwd())

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -141,3 +142,14 @@ def test_user_experiment_runs_two_steps_through_the_python_api(user_file, tmp_pa
     result = experiment.run()
     assert result.run_dir == tmp_path / "api_out" and result.steps == 2
     assert 0.0 <= result.metrics["reward/mean"] <= 1.0 and result.metrics["phase"] == "rl"
+
+
+def test_sbatch_and_check_env_take_the_file(user_file, capsys):
+    from hybridflow import check_env, sbatch
+
+    assert sbatch.main(["--config", "../user/my_experiment.yaml", "slurm.time=00:10:00", "-o", "job.sh"]) == 0
+    script = Path("job.sh").read_text()
+    assert f"-m hybridflow.run --config {user_file} " in script  # absolute: the job may start elsewhere
+    assert f"sbatch --config {user_file} slurm.time=00:10:00" in script
+    check_env.main(["--config", "../user/my_experiment.yaml"])
+    assert re.search(r"\nexperiment my_experiment (can|cannot) run here", capsys.readouterr().out)  # it loaded
