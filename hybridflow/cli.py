@@ -18,7 +18,8 @@ SUBCOMMANDS = {
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in SUBCOMMANDS:
-        print(f"usage: hybridflow {{{','.join(SUBCOMMANDS)}}} [args...]", file=sys.stderr)
+        print(f"usage: hybridflow {{{','.join(SUBCOMMANDS)}}} [--config FILE | -cd DIR -cn NAME | +experiment=NAME] "
+              "[key=value ...]  (hybridflow SUBCOMMAND --help: its options)", file=sys.stderr)
         return 0 if argv[:1] in (["-h"], ["--help"]) else 2
     module = importlib.import_module(SUBCOMMANDS[argv[0]])
     return int(module.main(argv[1:]) or 0)

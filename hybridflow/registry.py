@@ -24,8 +24,9 @@ class Registry[R]:
         self._records: dict[str, R] = {}
 
     def add(self, name: str, record: R) -> R:
-        """File `record` under `name`; a name is registered once (again with the same record is a no-op)."""
-        if name in self.reserved or self._records.get(name, record) is not record:
+        """File `record` under `name`; a name is registered once (again with an equal record is a no-op: a
+        user module imported a second time, as a notebook re-runs a cell, re-registers the same record)."""
+        if name in self.reserved or self._records.get(name, record) != record:
             raise ValueError(f"register_{self.kind}: {name!r} is registered already (or reserved); "
                              "give the new record another name")
         self._records[name] = record

@@ -22,12 +22,13 @@ from omegaconf.errors import OmegaConfBaseException
 
 from hybridflow.algorithms import check_algorithm
 from hybridflow.config import ExperimentConfig, split_argv
+from hybridflow.config.experiment_file import is_experiment_file
 from hybridflow.errors import UserError, cli_errors
-from hybridflow.launch.command_help import config_parser, job_config_yaml, parse_config_args
+from hybridflow.experiment import Experiment
+from hybridflow.launch.command_help import config_parser, config_source, job_config_yaml, parse_config_args
 from hybridflow.launch.sbatch_script import builtin_templates, layout_from_plan, render_sbatch
 from hybridflow.launch.slurm_config import SlurmConfig
 from hybridflow.placement import plan_placement
-from hybridflow.resolve import resolve_experiment
 
 SLURM_PREFIX = "slurm."
 
@@ -52,25 +53,41 @@ def _has_slurm_field() -> bool:
     return any(f.name == "slurm" for f in dataclasses.fields(ExperimentConfig))
 
 
-def load_job(argv_overrides: Sequence[str]) -> tuple[ExperimentConfig, SlurmConfig, list[str]]:
-    """The experiment, the Slurm settings and the overrides the job's run command gets."""
+def load_job(argv_overrides: Sequence[str], config: str | None = None, config_dir: str | None = None
+             ) -> tuple[ExperimentConfig, SlurmConfig, list[str]]:
+    """The experiment, the Slurm settings and the arguments the job's run command gets (the user's file and
+    folder first). The experiment is `config` (a name or the user's file) when given, else the overrides'
+    `+experiment=NAME`."""
     if _has_slurm_field():
-        cfg = resolve_experiment(*split_argv(argv_overrides))
-        check_algorithm(cfg)
-        return cfg, cfg.slurm, [o for o in argv_overrides if not o.startswith(SLURM_PREFIX)]
-    slurm, run_overrides = parse_slurm_overrides(argv_overrides)
-    cfg = resolve_experiment(*split_argv(run_overrides))
-    check_algorithm(cfg)
-    return cfg, slurm, run_overrides
+        slurm, run_overrides = None, [o for o in argv_overrides if not o.startswith(SLURM_PREFIX)]
+        overrides = list(argv_overrides)
+    else:
+        slurm, run_overrides = parse_slurm_overrides(argv_overrides)
+        overrides = run_overrides
+    named, rest = split_argv(overrides)
+    experiment = Experiment.load(config or named, rest, config_dir)
+    check_algorithm(experiment.config)
+    cfg = experiment.config
+    return cfg, slurm or cfg.slurm, [*_source_args(config, config_dir), *run_overrides]  # type: ignore[attr-defined]
 
 
-def render_for_experiment(argv_overrides: Sequence[str]) -> str:
-    """The script text for `+experiment=NAME overrides...` (slurm.* included)."""
-    cfg, slurm, run_overrides = load_job(argv_overrides)
+def _source_args(config: str | None, config_dir: str | None) -> list[str]:
+    """The run command's `--config FILE` / `--config-dir DIR` (by absolute path: the job may start elsewhere)."""
+    source = [] if config is None else (["--config", str(Path(config).resolve())] if is_experiment_file(config)
+                                        else [f"+experiment={config}"])
+    return source + ([] if config_dir is None else ["--config-dir", str(Path(config_dir).resolve())])
+
+
+def render_for_experiment(argv_overrides: Sequence[str], config: str | None = None,
+                          config_dir: str | None = None) -> str:
+    """The script text for `+experiment=NAME overrides...` (slurm.* included), or for `config` (a name or
+    the user's file) with those overrides."""
+    cfg, slurm, run_args = load_job(argv_overrides, config, config_dir)
+    source = _source_args(config, config_dir)
     plan = plan_placement(cfg)
     layout = layout_from_plan(plan, request_gpus=cfg.cluster.gpu_type != "cpu")
-    command = slurm.command or " ".join(["-m hybridflow.run", *map(shlex.quote, run_overrides)])
-    header = [f"Rendered by: python -m hybridflow.sbatch {' '.join(map(shlex.quote, argv_overrides))}",
+    command = slurm.command or " ".join(["-m hybridflow.run", *map(shlex.quote, run_args)])
+    header = [f"Rendered by: python -m hybridflow.sbatch {' '.join(map(shlex.quote, [*source, *argv_overrides]))}",
               f"Experiment: {cfg.name}; plan: {plan.world_size} ranks on {plan.nodes} node(s)."]
     if slurm.workdir is None:
         slurm = dataclasses.replace(slurm, workdir=os.getcwd())
@@ -97,10 +114,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"wrote {path}")
         return 0
     with cli_errors():
+        named, _, config_dir = config_source(args, default_experiment=None)
+        config = named if (args.config or args.config_name) else None  # else +experiment= in the overrides
         if args.cfg:  # the experiment's config (slurm.* settings are the job's, not the run's)
-            print(job_config_yaml(load_job(args.overrides)[0]), end="")
+            print(job_config_yaml(load_job(args.overrides, config, config_dir)[0]), end="")
             return 0
-        text = render_for_experiment(args.overrides)
+        text = render_for_experiment(args.overrides, config, config_dir)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(text)

@@ -29,6 +29,7 @@ from hybridflow.errors import UserError
 @dataclass
 class ExperimentConfig:
     name: str = "default"
+    imports: list[str] = field(default_factory=list)  # the user's modules, imported first (config/load.py)
     model: ModelConfig = field(default_factory=ModelConfig)
     critic_model: ModelConfig | None = None  # None = model
     reward_model: ModelConfig | None = None  # None = model

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
 import re
 import typing
@@ -16,6 +17,12 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from hybridflow.config.experiment import ExperimentConfig, finalize_experiment
+from hybridflow.config.experiment_file import (
+    FILE_OPTION,
+    is_experiment_file,
+    register_experiment_file,
+    searchpath_override,
+)
 from hybridflow.config.model import CheckpointResolver
 from hybridflow.config.store import register_schema
 from hybridflow.errors import UserError
@@ -54,30 +61,88 @@ def split_argv(
 
 def load_experiment(experiment: str | None, overrides: Sequence[str] = (),
                     checkpoints: CheckpointResolver | None = None) -> ExperimentConfig:
-    """Compose conf/config.yaml (+ `experiment/<experiment>.yaml`) with `overrides`, type-check it against
-    the ConfigStore schema and return the typed, finalized `ExperimentConfig`.
+    """Compose conf/config.yaml (+ the experiment) with `overrides`, import the modules its `imports` names,
+    type-check it against the ConfigStore schema and return the typed, finalized `ExperimentConfig`
+    (`checkpoints` resolves packaged models and layer cuts: hybridflow.resolve; config alone refuses them).
 
-    Raises UserError naming the key for unknown experiments, unknown keys, wrong types and bad values.
+    `experiment` is an experiment's name (conf/experiment/, or a search-path directory's experiment/ folder
+    added by a `hydra.searchpath=[file://DIR]` override) or the path of the user's own .yaml file
+    (hybridflow.config.experiment_file). Raises UserError naming the key (and the file) for unknown
+    experiments, unknown keys, wrong types, bad values and modules that do not import.
     """
     register_schema()
     root = conf_dir()
-    if experiment is not None and not (root / "experiment" / f"{experiment}.yaml").is_file():
-        known = sorted(p.stem for p in (root / "experiment").glob("*.yaml"))
+    file, file_groups = None, set()
+    if is_experiment_file(experiment):
+        assert experiment is not None
+        file, file_groups = register_experiment_file(experiment, _root_groups(root), _check_file_keys)
+        overrides = [*(o for o in overrides if not search_dirs([o])),
+                     searchpath_override([*search_dirs(overrides), file.parent])]
+        experiment = FILE_OPTION
+    elif experiment is not None and not any((d / "experiment" / f"{experiment}.yaml").is_file()
+                                            for d in [root, *search_dirs(overrides)]):
+        known = sorted({p.stem for d in [root, *search_dirs(overrides)] for p in (d / "experiment").glob("*.yaml")})
         raise UserError(f"experiment: {experiment!r} is unknown; use one of {', '.join(known)}")
     all_overrides = list(overrides) + ([f"+experiment={experiment}"] if experiment else [])
     try:
         raw = _compose(root, all_overrides)
-        # Hydra lets `+key=...` add undeclared keys: refuse them; the merge into a closed schema checks types.
-        _reject_unknown_keys(raw, ExperimentConfig, "")
+        check_keys(raw)
+        import_modules(list(raw.get("imports") or ()), file)
         typed = OmegaConf.merge(_strict_schema(), raw)
         cfg = OmegaConf.to_object(typed)
     except (HydraException, OmegaConfBaseException) as err:
-        raise UserError(describe_config_error(err)) from None
+        message = describe_config_error(err)
+        if file is not None and message.split(":")[0] in file_groups:  # a group its defaults list names
+            message = f"{file}: defaults: {message}"
+        raise UserError(message) from None
     except AssertionError:
         # OmegaConf asserts when an override sets a key below a null node (e.g. critic_model.hidden_size).
         raise UserError(_null_parent_error(root, experiment, overrides)) from None
     assert isinstance(cfg, ExperimentConfig)
     return finalize_experiment(cfg, checkpoints)
+
+
+def check_keys(node: DictConfig) -> None:
+    """Every key of `node` (a whole experiment, or a part of one) is declared by the schema with a value of
+    its type: Hydra lets `+key=value` add undeclared keys, and a user's file may misspell one."""
+    _reject_unknown_keys(node, ExperimentConfig, "")
+    OmegaConf.merge(_strict_schema(), node)
+
+
+def _check_file_keys(node: DictConfig) -> None:
+    try:
+        check_keys(node)
+    except OmegaConfBaseException as err:  # a wrong type
+        raise UserError(describe_config_error(err)) from None
+
+
+def import_modules(modules: Sequence[str], file: Path | None = None) -> None:
+    """Import the user's modules named by `imports` (their import registers algorithms, model families and
+    reward functions) in this process: the launcher's and every rank's, before any record is looked up."""
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError as err:
+            where = f"{file}: " if file is not None else ""
+            beside = f" or next to {file.name}" if file is not None else ""
+            raise UserError(f"{where}imports: {name!r} does not import ({err}); put its package on PYTHONPATH"
+                            f"{beside}, or fix the name") from None
+
+
+def search_dirs(overrides: Sequence[str]) -> list[Path]:
+    """The directories a `hydra.searchpath=[file://DIR,...]` override adds (`--config-dir`)."""
+    dirs: list[Path] = []
+    for override in overrides:
+        match = re.fullmatch(r"\+{0,2}hydra\.searchpath=\[(.*)\]", override)
+        if match:
+            dirs += [Path(item.strip().strip("'\"").removeprefix("file://"))
+                     for item in match.group(1).split(",") if item.strip()]
+    return dirs
+
+
+def _root_groups(root: Path) -> set[str]:
+    """The groups conf/config.yaml's defaults list selects (a user's file overrides those)."""
+    return {p.name for p in root.iterdir() if p.is_dir() and p.name != "experiment"}
 
 
 OPEN_DICTS = ("placement.resources", "rollout.engine_args")  # free-form maps; everything else is closed
@@ -127,7 +192,8 @@ def _compose(root: Path, overrides: list[str]):
 
 
 def _null_parent_error(root: Path, experiment: str | None, overrides: Sequence[str]) -> str:
-    base = _compose(root, [f"+experiment={experiment}"] if experiment else [])
+    searchpath = [o for o in overrides if search_dirs([o])]
+    base = _compose(root, searchpath + ([f"+experiment={experiment}"] if experiment else []))
     for override in overrides:
         key = override.lstrip("+~").split("=", 1)[0]
         parts = key.split(".")

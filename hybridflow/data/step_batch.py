@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from hybridflow import token_kinds as kinds
+import hybridflow.token_kinds as kinds
 
 
 @dataclass

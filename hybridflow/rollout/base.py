@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from hybridflow import token_kinds as kinds
+import hybridflow.token_kinds as kinds
 
 if TYPE_CHECKING:
     from hybridflow.config.rollout import RolloutConfig

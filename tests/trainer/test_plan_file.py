@@ -165,9 +165,9 @@ def test_plan_only_writes_the_plan_a_launched_rank_accepts(tmp_path, monkeypatch
 ])
 def test_launched_ranks_say_one_line_from_rank_0_and_leave_the_data_to_the_plan_step(tmp_path, monkeypatch, capsys,
                                                                                     launcher_env):
-    import hybridflow.run as run_module
+    import hybridflow.training_run as run_module  # what `python -m hybridflow.run` runs (Experiment.run)
+    from hybridflow.run import main
 
-    main = run_module.main
     args = ["+experiment=tiny_cpu", f"trainer.output_dir={tmp_path}"]
     main([*args, "--plan-only"])
     assert capsys.readouterr().out.count("hybridflow run: experiment tiny_cpu") == 1

@@ -1,0 +1,128 @@
+"""A training run: plan, check, resume or start over, launch the ranks, and report what the run left.
+
+`launch_run` is what `python -m hybridflow.run` and `Experiment.run()` both do. Outside a launcher it plans,
+writes the plan to <trainer.output_dir>/plan.json and starts one process per planned rank through PyTorch's
+elastic launcher; each rank composes the same experiment (name or file, and overrides) and loads that plan.
+Under torchrun or srun this process is one of those ranks already and loads the plan.json that `--plan-only`
+wrote before the launcher started. A finished run is not trained again; a run that can resume from its output
+directory does, after its checkpoint was checked against this run.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hybridflow.algorithms import check_algorithm
+from hybridflow.config import ExperimentConfig
+from hybridflow.launch import LauncherEnv, LaunchError, LaunchInterrupted, detect_launcher, launch_local
+from hybridflow.launch.known_warnings import quiet_known_noise
+from hybridflow.placement import Plan, plan_placement
+from hybridflow.placement.report import plan_summary
+from hybridflow.trainer import resume
+from hybridflow.trainer.plan_file import plan_path, read_plan, write_plan
+from hybridflow.trainer.preflight import check_devices, preflight
+
+
+@dataclass
+class RunResult:
+    """What a run left: its output directory, the last RL step's metrics (metrics.jsonl) and that step."""
+
+    run_dir: Path
+    metrics: dict[str, Any]
+    steps: int
+
+
+class RunInterrupted(Exception):
+    """Ctrl-C or a signal stopped the run (every rank is stopped by then); `step` is the last one logged."""
+
+    def __init__(self, exit_code: int, step: int, first: bool) -> None:
+        super().__init__(f"interrupted at step {step}")
+        self.exit_code, self.step, self.first = exit_code, step, first
+
+
+class RunFailed(Exception):
+    """A rank failed; the message names the rank, its log and the log's last lines."""
+
+
+def launch_run(source: str | None, overrides: list[str], cfg: ExperimentConfig,
+               plan_only: bool = False) -> RunResult:
+    """Run `cfg`, composed from `source` (an experiment's name or the user's file) and `overrides`: the ranks
+    read it, resolved, from plan.json. `plan_only`: plan, check and write plan.json for ranks srun or torchrun
+    start, then return."""
+    launcher = None if plan_only else detect_launcher()  # None: this process plans (and launches)
+    first = launcher is None or launcher.rank == 0  # under torchrun/srun every rank runs this: say things once
+    out = Path(cfg.trainer.output_dir)
+    start_step, offset = 0, 0
+    try:
+        check_algorithm(cfg)
+        if launcher is None:
+            plan = plan_placement(cfg)
+            notes = preflight(cfg, plan)
+        else:  # a rank of torchrun/srun: the `--plan-only` step planned and checked the data already
+            plan = read_plan(cfg)
+            check_devices(cfg, plan)
+            notes = []
+        start_from = resume.resume_point(cfg)
+        if start_from is not None:
+            resume.check_resumable(start_from, cfg, plan)
+            start_step = resume.checkpoint_step(start_from)
+        if launcher is None:  # checked: the ranks (local, or srun's after --plan-only) load this
+            plan_file = write_plan(cfg, plan)
+        if start_from is not None and start_step >= cfg.trainer.total_steps:
+            if launcher is None:  # the ranks' `--plan-only` step said it
+                print(resume.complete_line(start_from, cfg), flush=True)
+            return finished(out)
+        if launcher is None:
+            print(f"hybridflow run: experiment {cfg.name}\n  plan:   {plan_summary(plan)}\n"
+                  f"  output: {out.resolve()}", *notes, sep="\n", flush=True)
+            if start_from is not None:
+                print(f"  {resume.resumed_line(start_from)}", flush=True)
+            previous = resume.set_aside_previous(cfg)
+            if previous is not None:
+                print(f"  starting over (trainer.resume=never): the previous run's checkpoints and metrics "
+                      f"are in {previous}", flush=True)
+        elif first:  # the header came from the `--plan-only` step
+            print(f"hybridflow run: {launcher.world_size} ranks started by {launcher.launcher}, "
+                  f"with {plan_path(cfg)}", flush=True)
+        if plan_only:
+            print(f"  wrote {plan_file}", flush=True)
+            return finished(out)
+        offset = resume.metrics_size(out)
+        _launch(cfg, plan, launcher)
+    except (KeyboardInterrupt, LaunchInterrupted) as err:
+        code = err.exit_code if isinstance(err, LaunchInterrupted) else 128 + signal.SIGINT
+        raise RunInterrupted(code, resume.last_step_since(out, offset) or start_step, first) from None
+    return finished(out)
+
+
+def finished(run_dir: Path) -> RunResult:
+    """The run directory's last RL record of metrics.jsonl ({} and step 0 before any)."""
+    path = run_dir / "metrics.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    rl = [r for r in records if r.get("phase") == "rl"]
+    last = rl[-1] if rl else {}
+    return RunResult(run_dir.resolve(), last, int(last.get("step", 0)))
+
+
+def _launch(cfg: ExperimentConfig, plan: Plan, launcher: LauncherEnv | None) -> None:
+    """Train: in this process under torchrun/srun, else in one local process per planned rank."""
+    log_dir = Path(cfg.trainer.output_dir) / "logs"
+    quiet_known_noise(log_dir=log_dir)
+    # Imported only now: megatron-core's import-time warnings should not bury a bad-input message.
+    from hybridflow.trainer.rank_main import rank_main
+
+    if launcher is not None:
+        rank_main(str(plan_path(cfg)))
+        return
+    try:
+        results = launch_local(plan, rank_main, (str(plan_path(cfg)),), cfg.distributed, log_dir)
+    except LaunchError as err:
+        raise RunFailed(str(err)) from None
+    last = results.get(0) or {}
+    if last:
+        print(f"done: {cfg.trainer.total_steps} steps, final reward {last.get('reward/mean', float('nan')):.3f}, "
+              f"outputs in {cfg.trainer.output_dir}")

@@ -1,0 +1,155 @@
+"""A user's own experiment (a file and a module outside the repository) through the commands and through the
+Python API (hybridflow.experiment): it plans and runs from another working directory, a typo in it is one line
+naming the file and the key, and the API's plan is the one the command writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hybridflow import plan as plan_cli
+from hybridflow.errors import UserError
+from hybridflow.experiment import Experiment, reward_fn_path
+from hybridflow.launch import free_port
+from tests.user_experiment import write_user_dir
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def user_file(tmp_path, monkeypatch):
+    """The user's experiment file in tmp_path/user; the test runs in tmp_path/elsewhere. Loading the file puts
+    its folder on sys.path and imports my_rewards: both are undone afterwards."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    modules = set(sys.modules)
+    file = write_user_dir(tmp_path / "user")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    yield file
+    for name in set(sys.modules) - modules:
+        if name == "my_rewards":
+            del sys.modules[name]
+
+
+def command(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """`python -m hybridflow.cli ARGS` in `cwd`, with this checkout importable (as an installed package is)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "hybridflow.cli", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=900)
+
+
+def test_user_file_plans_from_another_directory_and_its_typo_is_one_line(user_file, tmp_path):
+    done = command("plan", "--config", "../user/my_experiment.yaml", "trainer.lr=0.002", cwd=Path.cwd())
+    assert done.returncode == 0, done.stderr
+    planned = json.loads((tmp_path / "elsewhere" / "plan.json").read_text())
+    assert planned["experiment"] == "my_experiment" and planned["world_size"] == 2
+    assert "next: python -m hybridflow.run --config ../user/my_experiment.yaml trainer.lr=0.002" in done.stdout
+
+    user_file.write_text(user_file.read_text().replace("total_steps: 2", "total_stepz: 2"))
+    bad = command("plan", "--config", str(user_file), cwd=Path.cwd())
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+    assert bad.stderr.startswith(f"error: {user_file}: trainer.total_stepz: unknown key; trainer takes total_steps")
+
+
+def test_file_composes_groups_resolves_its_paths_and_imports_its_modules(user_file):
+    cfg = Experiment.load("../user/my_experiment.yaml", ["trainer.total_steps=3"]).config
+    assert (cfg.name, cfg.algorithm.name, cfg.algorithm.kl_coef) == ("my_experiment", "my_grpo", 0.04)  # grpo.yaml
+    assert cfg.data.source == str(user_file.parent / "data" / "prompts.jsonl")  # against the file, not the cwd
+    assert cfg.trainer.output_dir == "runs/my_experiment" and cfg.trainer.total_steps == 3  # outputs: the cwd's
+    assert cfg.imports == ["my_rewards"] and "my_rewards" in sys.modules
+
+
+def test_config_dir_and_name_pick_the_file_and_the_folder_groups(user_file, capsys):
+    (user_file.parent / "algorithm").mkdir()
+    (user_file.parent / "algorithm" / "my_defaults.yaml").write_text("name: my_grpo\nkl_coef: 0.5\n")
+    user_file.write_text(user_file.read_text().replace("/algorithm: grpo", "/algorithm: my_defaults"))
+    assert plan_cli.main(["-cd", str(user_file.parent), "-cn", "my_experiment", "--out", "p.json"]) == 0
+    assert json.loads(Path("p.json").read_text())["experiment"] == "my_experiment"
+    assert Experiment.load(user_file).config.algorithm.kl_coef == 0.5
+
+
+@pytest.mark.parametrize("edit, message", [
+    ("imports: [my_rewards]", "imports: [not_mine]|imports: 'not_mine' does not import (No module named"),
+    ("/algorithm: grpo", "/algorithm: grpoo|defaults: algorithm: no config 'grpoo' in conf/algorithm/"),
+    ("total_steps: 2", "total_steps: two|trainer.total_steps: Value 'two' of type 'str' could not be converted"),
+])
+def test_a_bad_file_is_one_user_error_naming_the_file_and_key(user_file, edit, message):
+    replacement, expected = message.split("|")
+    user_file.write_text(user_file.read_text().replace(edit, replacement))
+    with pytest.raises(UserError) as err:
+        Experiment.load(user_file)
+    assert str(err.value).startswith(f"{user_file}: {expected}") and "\n" not in str(err.value)
+
+
+def test_the_api_plan_is_the_plan_the_command_writes_and_python_changes_become_overrides(user_file):
+    experiment = Experiment.load(user_file)
+    experiment.config.trainer.lr = 2e-3
+    experiment.config.reward.fn = sys.modules["my_rewards"].digit_reward  # a callable: its import path
+    report = experiment.plan()
+    assert experiment.resolved_overrides() == ["trainer.lr=0.002"]  # the reward fn's path is the file's already
+    assert plan_cli.main(["--config", str(user_file), "trainer.lr=0.002", "--out", "p.json"]) == 0
+    assert json.loads(Path("p.json").read_text()) == json.loads(json.dumps(report.to_json()))
+    experiment.config.data.max_prompt_length = 4
+    experiment.config.model.hidden_size = 64
+    assert experiment.command()[2:] == ["trainer.lr=0.002", "model.hidden_size=64", "data.max_prompt_length=4"]
+
+
+def test_a_change_python_cannot_carry_to_the_ranks_is_refused(user_file):
+    experiment = Experiment.load(user_file)
+    experiment.config.roles.ref.parallel.tp = None  # filled from the actor's when composed again
+    with pytest.raises(UserError, match=r"^roles.ref.parallel.tp: the value set in Python does not survive"):
+        experiment.resolved_overrides()
+
+
+def nested_reward():
+    def closure(batch):
+        return [0.0] * len(batch)
+    return closure
+
+
+@pytest.mark.parametrize("fn, why", [
+    (lambda batch: [0.0], "a lambda or a nested function"),
+    (nested_reward(), "a lambda or a nested function"),
+])
+def test_reward_callables_without_an_import_path_are_refused_in_one_line(fn, why):
+    with pytest.raises(UserError, match=f"^reward.fn: .*{why}"):
+        reward_fn_path(fn)
+    assert reward_fn_path(nested_reward) == "tests.test_experiment:nested_reward"
+
+
+@pytest.mark.slow
+def test_user_experiment_runs_two_steps_from_another_directory(user_file, tmp_path):
+    out = tmp_path / "out"
+    done = command("run", "--config", "../user/my_experiment.yaml", f"trainer.output_dir={out}",
+                   f"distributed.master_port={free_port()}", cwd=Path.cwd())
+    assert done.returncode == 0, done.stderr[-4000:]
+    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in steps if r.get("phase") == "rl"] == [1, 2]
+    assert "done: 2 steps" in done.stdout
+
+
+@pytest.mark.slow
+def test_user_experiment_runs_two_steps_through_the_python_api(user_file, tmp_path):
+    experiment = Experiment.load(user_file, [f"distributed.master_port={free_port()}"])
+    experiment.config.trainer.output_dir = str(tmp_path / "api_out")
+    experiment.config.reward.fn = sys.modules["my_rewards"].digit_reward
+    result = experiment.run()
+    assert result.run_dir == tmp_path / "api_out" and result.steps == 2
+    assert 0.0 <= result.metrics["reward/mean"] <= 1.0 and result.metrics["phase"] == "rl"
+
+
+def test_sbatch_and_check_env_take_the_file(user_file, capsys):
+    from hybridflow import check_env, sbatch
+
+    assert sbatch.main(["--config", "../user/my_experiment.yaml", "slurm.time=00:10:00", "-o", "job.sh"]) == 0
+    script = Path("job.sh").read_text()
+    assert f"-m hybridflow.run --config {user_file} " in script  # absolute: the job may start elsewhere
+    assert f"sbatch --config {user_file} slurm.time=00:10:00" in script
+    check_env.main(["--config", "../user/my_experiment.yaml"])
+    assert re.search(r"\nexperiment my_experiment (can|cannot) run here", capsys.readouterr().out)  # it loaded
