@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import logging
 import multiprocessing
 import multiprocessing.forkserver
 import os
+import socket
 import sys
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -28,7 +30,8 @@ from hybridflow.errors import UserError
 from hybridflow.launch.console import RankConsole
 from hybridflow.launch.failure_report import describe_failure, first_error
 from hybridflow.launch.lifeline import LAUNCHER_PID_VARIABLE, run_with_launcher
-from hybridflow.launch.ports import free_port, port_is_free
+from hybridflow.launch.ports import free_port, store_socket
+from hybridflow.launch.rendezvous import BACKEND, LISTENER
 
 if TYPE_CHECKING:
     from hybridflow.config import DistributedConfig
@@ -147,12 +150,23 @@ def launch_local(plan: Plan, entrypoint: Callable[..., Any] | str, args: Sequenc
         raise UserError(f"cluster.nodes: the plan spans {plan.nodes} nodes and a local launch starts one; "
                         "submit it with `python -m hybridflow.sbatch` or run torchrun on every node")
     local = [gpu.local_index for gpu in plan.gpus if gpu.node == 0]
-    if not port_is_free(dist_cfg.master_port):
-        raise UserError(f"distributed.master_port: port {dist_cfg.master_port} is in use on this machine; "
-                        f"set distributed.master_port={free_port()} (free now)")
     devices = visible_devices(local, os.environ.get("CUDA_VISIBLE_DEVICES"))
     return launch_ranks(len(local), entrypoint, args, dist_cfg, log_dir, devices, run_id=run_id,
                         stop_grace_s=stop_grace_s)
+
+
+def _listen_for_store(dist_cfg: DistributedConfig) -> socket.socket:
+    """The store's listening socket on distributed.master_addr:master_port, or a UserError naming the fix."""
+    addr, port = dist_cfg.master_addr, dist_cfg.master_port
+    try:
+        return store_socket(addr, port)
+    except OSError as err:
+        if err.errno == errno.EADDRINUSE:
+            raise UserError(f"distributed.master_port: port {port} is in use on {addr}; "
+                            f"set distributed.master_port={free_port(addr)} (free now)") from None
+        raise UserError(f"distributed.master_addr: the rendezvous store cannot listen on {addr}:{port} "
+                        f"({err.strerror or err}); set an address of this machine (127.0.0.1 for a "
+                        "single-node run)") from None
 
 
 def launch_ranks(nproc: int, entrypoint: Callable[..., Any] | str, args: Sequence[Any],
@@ -166,9 +180,22 @@ def launch_ranks(nproc: int, entrypoint: Callable[..., Any] | str, args: Sequenc
     `start_method` defaults to forkserver without CUDA and spawn with it. Rank 0's output is shown here as it is
     written (`RankConsole`); every rank's is in its log file. `quiet`: the ranks' output goes only to their log
     files and the agent prints nothing, so the caller alone reports (a CLI's one-line error).
-    Raises `LaunchError` naming the rank that failed first, `LaunchInterrupted` when this process was
-    signalled (the ranks are stopped by then).
+    The rendezvous store listens on `dist_cfg.master_addr` only (hybridflow/launch/rendezvous.py); a busy port
+    is refused with a free one named. Raises `LaunchError` naming the rank that failed first,
+    `LaunchInterrupted` when this process was signalled (the ranks are stopped by then).
     """
+    listener = _listen_for_store(dist_cfg)
+    try:
+        return _launch_agent(nproc, entrypoint, args, dist_cfg, log_dir, devices, listener, run_id=run_id,
+                             stop_grace_s=stop_grace_s, start_method=start_method, quiet=quiet)
+    finally:
+        listener.close()  # a no-op once the store took it over (detached)
+
+
+def _launch_agent(nproc: int, entrypoint: Callable[..., Any] | str, args: Sequence[Any],
+                  dist_cfg: DistributedConfig, log_dir: str | os.PathLike[str], devices: str,
+                  listener: socket.socket, *, run_id: str | None, stop_grace_s: int, start_method: str | None,
+                  quiet: bool) -> dict[int, Any]:
     logs = RankLogsSpecs(str(log_dir))
     target, target_args = _entrypoint(entrypoint, args)
     if start_method is None:
@@ -191,8 +218,8 @@ def launch_ranks(nproc: int, entrypoint: Callable[..., Any] | str, args: Sequenc
     options = dict(
         min_nodes=1, max_nodes=1, nproc_per_node=nproc,
         run_id=run_id or f"hybridflow-{uuid.uuid4().hex[:8]}",
-        rdzv_backend="static", rdzv_endpoint=f"{dist_cfg.master_addr}:{dist_cfg.master_port}",
-        rdzv_configs={"rank": 0, "timeout": dist_cfg.timeout_s},
+        rdzv_backend=BACKEND, rdzv_endpoint=f"{dist_cfg.master_addr}:{dist_cfg.master_port}",
+        rdzv_configs={"timeout": dist_cfg.timeout_s, LISTENER: listener},
         max_restarts=0, monitor_interval=0.5, logs_specs=logs, start_method=start_method,
     )
     if "shutdown_timeout" in {f.name for f in dataclasses.fields(LaunchConfig)}:  # newer torch only

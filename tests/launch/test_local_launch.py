@@ -68,6 +68,12 @@ def test_all_ranks_run_and_reduce(scenarios):
         assert info["module_preloaded"]
 
 
+def test_store_listens_on_loopback_only(scenarios):
+    """master_addr 127.0.0.1 (a single-node run): the rendezvous store is not reachable from other addresses."""
+    listeners = {tuple(v["store_listeners"]) for v in scenarios["all_reduce"]["result"].values()}
+    assert listeners == {("127.0.0.1",)}
+
+
 def test_module_entrypoint_runs_as_python_dash_m(scenarios):
     rec = scenarios["module_entrypoint"]
     assert rec["error"] is None and sorted(rec["result"]) == ["0", "1"]
