@@ -20,6 +20,7 @@ from hybridflow.errors import cli_errors
 from hybridflow.launch import LauncherEnv, LaunchError, LaunchInterrupted, detect_launcher, launch_local
 from hybridflow.launch.command_help import config_parser, job_config_yaml, parse_config_args
 from hybridflow.launch.known_warnings import quiet_known_noise
+from hybridflow.launch.output_lock import hold_output_dir
 from hybridflow.placement import Plan, plan_placement
 from hybridflow.placement.report import plan_summary
 from hybridflow.trainer import resume
@@ -45,6 +46,8 @@ def main(argv: list[str] | None = None) -> None:
             if args.cfg:
                 print(job_config_yaml(cfg), end="")
                 return
+            if first:  # one run per output directory, until this process ends
+                hold_output_dir(cfg.trainer.output_dir)
             if launcher is None:
                 plan = plan_placement(cfg)
                 notes = preflight(cfg, plan)
