@@ -28,7 +28,7 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from hybridflow.errors import UserError
 from hybridflow.launch.console import RankConsole
-from hybridflow.launch.failure_report import describe_failure, first_error
+from hybridflow.launch.failure_report import describe_failure, first_error, keep_traceback_in_log
 from hybridflow.launch.lifeline import LAUNCHER_PID_VARIABLE, run_with_launcher
 from hybridflow.launch.ports import free_port, store_socket
 from hybridflow.launch.rendezvous import BACKEND, LISTENER
@@ -95,16 +95,23 @@ def visible_devices(local_indices: Sequence[int], inherited: str | None) -> str:
     return ",".join(str(i) for i in local_indices)
 
 
+# torch's logger that prints a failed rank's whole traceback (twice wrapped, one prefix per line): our one line
+# names the error and the rank's log holds the traceback (failure_report.keep_traceback_in_log).
+RANK_FAILURE_LOGGER = "torch.distributed.elastic.multiprocessing.api"
+
+
 @contextlib.contextmanager
 def _agent_logs_quieted(silence: bool) -> Iterator[None]:
-    """The elastic agent's own log lines for the call: errors only (its "Received 2 death signal" and
-    "Closing process ..." warnings on Ctrl-C repeat what our one line says), none at all with `silence` (its
-    traceback of a failed rank, which `LaunchError` reports). torch sets a level on each of its
-    `torch.distributed.elastic.*` loggers, so each is raised."""
-    names = [n for n in logging.root.manager.loggerDict if n.startswith("torch.distributed.elastic")]
+    """The elastic agent's own log lines for the call: errors only (its "Received 2 death signal",
+    "Closing process ..." and "Terminating process ..." warnings repeat what our one line says) and never its
+    traceback of a failed rank (which `LaunchError` reports), none at all with `silence`. torch sets a level on
+    each of its `torch.distributed.elastic.*` loggers, so each is raised."""
+    names = {n for n in logging.root.manager.loggerDict if n.startswith("torch.distributed.elastic")}
+    names |= {RANK_FAILURE_LOGGER, "torch.multiprocessing.spawn"}  # spawn's: "Terminating process N via SIGTERM"
     saved = {name: logging.getLogger(name).level for name in names}
     for name in names:
-        logging.getLogger(name).setLevel(logging.CRITICAL if silence else logging.ERROR)
+        quiet = silence or name == RANK_FAILURE_LOGGER
+        logging.getLogger(name).setLevel(logging.CRITICAL if quiet else logging.ERROR)
     try:
         yield
     finally:
@@ -231,11 +238,12 @@ def _launch_agent(nproc: int, entrypoint: Callable[..., Any] | str, args: Sequen
         return (logs.stdout_of_rank[0], logs.stderr_of_rank[0]) if 0 in logs.stdout_of_rank else None
 
     console = contextlib.nullcontext() if quiet else RankConsole(rank0_files)
-    with _environ(env), _agent_logs_quieted(quiet), console:
-        try:
+    try:
+        with _environ(env), _agent_logs_quieted(quiet), console:
             return elastic_launch(config, target)(*target_args)
-        except ChildFailedError as err:
-            raise LaunchError(describe_failure(err, logs.stderr_of_rank),
-                              first_error=first_error(err, logs.stderr_of_rank)) from None
-        except SignalException as err:
-            raise LaunchInterrupted(int(err.sigval)) from None
+    except ChildFailedError as err:
+        keep_traceback_in_log(err, logs.stderr_of_rank)  # rank 0's console has stopped: the log alone gets it
+        raise LaunchError(describe_failure(err, logs.stderr_of_rank),
+                          first_error=first_error(err, logs.stderr_of_rank)) from None
+    except SignalException as err:
+        raise LaunchInterrupted(int(err.sigval)) from None
