@@ -95,6 +95,7 @@ def visible_devices(local_indices: Sequence[int], inherited: str | None) -> str:
     return ",".join(str(i) for i in local_indices)
 
 
+TRACKER_LEAK_WARNING = "ignore::UserWarning:multiprocessing.resource_tracker"
 # torch's logger that prints a failed rank's whole traceback (twice wrapped, one prefix per line): our one line
 # names the error and the rank's log holds the traceback (failure_report.keep_traceback_in_log).
 RANK_FAILURE_LOGGER = "torch.distributed.elastic.multiprocessing.api"
@@ -218,7 +219,10 @@ def _launch_agent(nproc: int, entrypoint: Callable[..., Any] | str, args: Sequen
         # The fork server imports those modules with its own default sys.path (Python 3.12 does not hand it ours)
         # and skips them silently when it cannot: then every rank imports torch afresh. Start the server here,
         # with our sys.path on its PYTHONPATH, so the module is found wherever this process found it.
-        with _environ({"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}):
+        # The resource tracker it starts unlinks what stopped ranks leave behind (after Ctrl-C, the semaphore of
+        # a rank's checkpoint Manager) and warns about each: expected after a stop, and cleaned up.
+        warnings_filter = ",".join(filter(None, [os.environ.get("PYTHONWARNINGS"), TRACKER_LEAK_WARNING]))
+        with _environ({"PYTHONPATH": os.pathsep.join(p for p in sys.path if p), "PYTHONWARNINGS": warnings_filter}):
             multiprocessing.forkserver.ensure_running()
     if callable(target):  # ranks end when this process dies, even by SIGKILL (hybridflow/launch/lifeline.py)
         target, target_args = run_with_launcher, [os.getpid(), target, *target_args]
