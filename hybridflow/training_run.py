@@ -20,6 +20,7 @@ from hybridflow.algorithms import check_algorithm
 from hybridflow.config import ExperimentConfig
 from hybridflow.launch import LauncherEnv, LaunchError, LaunchInterrupted, detect_launcher, launch_local
 from hybridflow.launch.known_warnings import quiet_known_noise
+from hybridflow.launch.output_lock import hold_output_dir
 from hybridflow.placement import Plan, plan_placement
 from hybridflow.placement.report import plan_summary
 from hybridflow.trainer import resume
@@ -59,6 +60,8 @@ def launch_run(source: str | None, overrides: list[str], cfg: ExperimentConfig,
     start_step, offset = 0, 0
     try:
         check_algorithm(cfg)
+        if first:  # one run per output directory, until this process ends
+            hold_output_dir(cfg.trainer.output_dir)
         if launcher is None:
             plan = plan_placement(cfg)
             notes = preflight(cfg, plan)

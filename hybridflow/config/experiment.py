@@ -23,6 +23,7 @@ from hybridflow.config.placement import PlacementConfig
 from hybridflow.config.rollout import RolloutConfig
 from hybridflow.config.trainer import DistributedConfig, TrainerConfig
 from hybridflow.engines import AUTO, EngineRecord, get_engine
+from hybridflow.engines.vllm_args import check_engine_args
 from hybridflow.errors import UserError
 
 
@@ -84,6 +85,7 @@ def finalize_experiment(cfg: ExperimentConfig, checkpoints: CheckpointResolver |
         if getattr(cfg, name) is not None:
             setattr(cfg, name, apply_hf_checkpoint(getattr(cfg, name), name, checkpoints))
     check_bounds(cfg)
+    check_engine_args(cfg.rollout.engine_args, cfg.rollout.gpu_memory_utilization)  # vLLM's own, before planning
     for name in ("model", "critic_model", "reward_model"):
         if getattr(cfg, name) is not None:
             validate_model(getattr(cfg, name), name)

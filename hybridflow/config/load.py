@@ -217,6 +217,8 @@ def describe_config_error(err: BaseException) -> str:
         text = str(cause).split("\n")[0].strip()
         if "not in" in text or "Key" in text and "not" in text:
             parent, _, _ = key.rpartition(".")
+            if parent in OPEN_DICTS:  # a free-form map: Hydra adds its keys with `+` only
+                return f"{key}: {parent} is a free-form map; add the key with +{key}=VALUE"
             known = _fields_at(parent)
             if known is not None:  # the one-line form _reject_unknown_keys uses
                 return f"{key}: unknown key; {parent or 'the top level'} takes {', '.join(known)}"

@@ -29,6 +29,8 @@ class RolloutConfig:
     # Token ids that end a response. None (the default) = the tokenizer's eos plus every `eos_token_id` of the
     # checkpoint's generation_config.json (Llama-3 instruct lists two); a list replaces that, [] = never stop.
     stop_token_ids: list[int] | None = bounded(None, ge=0)
+    # vLLM engine arguments (`+rollout.engine_args.max_num_seqs=256`); hybridflow/engines/vllm_args.py lists the
+    # keys, types and ranges it accepts and checks them when the experiment is loaded.
     engine_args: dict[str, Any] = field(default_factory=dict)
     # vLLM sleep between generations: 1 frees the KV cache and offloads weights, 2 also drops the weights.
     sleep_level: int = bounded(1, choices=(1, 2))

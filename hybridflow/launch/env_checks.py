@@ -51,13 +51,14 @@ class Needs:
     nodes: int = 1
     engine: str | None = None  # the rollout engine the plan runs (None: no experiment, every engine's package is info)
     master_port: int = 29500
+    master_addr: str = "127.0.0.1"
 
     @classmethod
     def from_experiment(cls, cfg, plan) -> Needs:
         gpu = cfg.cluster.gpu_type != "cpu"
         return cls(cfg.name, plan.gpus_per_node if gpu else 0, cfg.cluster.gpu_type if gpu else None,
                    cfg.cluster.gpu_memory_gib if gpu else None, plan.nodes, plan.rollout_engine,
-                   cfg.distributed.master_port)
+                   cfg.distributed.master_port, cfg.distributed.master_addr)
 
 
 def _run(argv: list[str], timeout: float = 20) -> str | None:
@@ -240,10 +241,13 @@ def check_packages(needs: Needs) -> list[Finding]:
 
 
 def check_port(needs: Needs) -> list[Finding]:
-    if port_is_free(needs.master_port):
+    """Bound as a local launch's store binds it (on master_addr); on a multi-node run, on every interface (this
+    machine stands in for the first node, whose address may not be its own)."""
+    host = needs.master_addr if needs.nodes == 1 else ""
+    if port_is_free(needs.master_port, host):
         return [Finding("master port", f"{needs.master_port} free")]
     return [Finding("master port", f"{needs.master_port} in use", "fail" if needs.experiment else "warn",
-                    "distributed.master_port free on the first node", f"distributed.master_port={free_port()}")]
+                    "distributed.master_port free on the first node", f"distributed.master_port={free_port(host)}")]
 
 
 def check_all(needs: Needs) -> list[Finding]:

@@ -13,6 +13,12 @@ Without this, `kill -9` of `python -m hybridflow.run` left every rank training o
   intermediate process, so its parent-death signal follows the fork server, not the launcher. When the
   launcher is gone the watchdog kills this process's children and then the process itself.
 
+A third covers what a rank forks itself (dist_checkpointing's results Manager, one per rank, forked on the
+first checkpoint): such a child has neither, and held the fork server's and the resource tracker's pipes, so
+after a killed rank or Ctrl-C it kept both alive forever. Every child a rank forks watches the rank (a pidfd,
+as above: it does not depend on which thread forked it) through an `os.register_at_fork` hook, which its own
+forks inherit.
+
 The launcher's pid travels as an argument of a callable entrypoint (a forked rank sees only the variables the
 agent sets) and as HYBRIDFLOW_LAUNCHER_PID for a subprocess entrypoint, whose `init_distributed` reads it.
 """
@@ -92,15 +98,26 @@ def _stop_quietly(signum: int, frame: Any) -> None:
     os._exit(128 + signum)  # children end through their own parent-death signal
 
 
+def _follow_forking_parent() -> None:
+    """Run in every child a rank (or one of its forks) forks: end when that parent ends."""
+    watch(os.getppid())
+
+
+_fork_hook_in: set[int] = set()  # processes that registered the hook (a fork inherits it, and this set)
+
+
 def stay_with_launcher() -> None:
-    """In a rank: end with the launcher named by HYBRIDFLOW_LAUNCHER_PID, and end quietly on Ctrl-C
-    (nothing outside a local launch)."""
+    """In a rank: end with the launcher named by HYBRIDFLOW_LAUNCHER_PID, have every process it forks end with
+    it, and end quietly on Ctrl-C (nothing outside a local launch)."""
     pid = os.environ.get(LAUNCHER_PID_VARIABLE)
     if not pid:
         return
     if int(pid) == os.getppid():
         die_with_parent()
     watch(int(pid))
+    if not _fork_hook_in:
+        os.register_at_fork(after_in_child=_follow_forking_parent)
+    _fork_hook_in.add(os.getpid())
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, _stop_quietly)
 

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import logging
 import multiprocessing
 import multiprocessing.forkserver
 import os
+import socket
 import sys
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -26,9 +28,10 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from hybridflow.errors import UserError
 from hybridflow.launch.console import RankConsole
-from hybridflow.launch.failure_report import describe_failure, first_error
+from hybridflow.launch.failure_report import describe_failure, first_error, keep_traceback_in_log
 from hybridflow.launch.lifeline import LAUNCHER_PID_VARIABLE, run_with_launcher
-from hybridflow.launch.ports import free_port, port_is_free
+from hybridflow.launch.ports import free_port, store_socket
+from hybridflow.launch.rendezvous import BACKEND, LISTENER
 
 if TYPE_CHECKING:
     from hybridflow.config import DistributedConfig
@@ -92,16 +95,24 @@ def visible_devices(local_indices: Sequence[int], inherited: str | None) -> str:
     return ",".join(str(i) for i in local_indices)
 
 
+TRACKER_LEAK_WARNING = "ignore::UserWarning:multiprocessing.resource_tracker"
+# torch's logger that prints a failed rank's whole traceback (twice wrapped, one prefix per line): our one line
+# names the error and the rank's log holds the traceback (failure_report.keep_traceback_in_log).
+RANK_FAILURE_LOGGER = "torch.distributed.elastic.multiprocessing.api"
+
+
 @contextlib.contextmanager
 def _agent_logs_quieted(silence: bool) -> Iterator[None]:
-    """The elastic agent's own log lines for the call: errors only (its "Received 2 death signal" and
-    "Closing process ..." warnings on Ctrl-C repeat what our one line says), none at all with `silence` (its
-    traceback of a failed rank, which `LaunchError` reports). torch sets a level on each of its
-    `torch.distributed.elastic.*` loggers, so each is raised."""
-    names = [n for n in logging.root.manager.loggerDict if n.startswith("torch.distributed.elastic")]
+    """The elastic agent's own log lines for the call: errors only (its "Received 2 death signal",
+    "Closing process ..." and "Terminating process ..." warnings repeat what our one line says) and never its
+    traceback of a failed rank (which `LaunchError` reports), none at all with `silence`. torch sets a level on
+    each of its `torch.distributed.elastic.*` loggers, so each is raised."""
+    names = {n for n in logging.root.manager.loggerDict if n.startswith("torch.distributed.elastic")}
+    names |= {RANK_FAILURE_LOGGER, "torch.multiprocessing.spawn"}  # spawn's: "Terminating process N via SIGTERM"
     saved = {name: logging.getLogger(name).level for name in names}
     for name in names:
-        logging.getLogger(name).setLevel(logging.CRITICAL if silence else logging.ERROR)
+        quiet = silence or name == RANK_FAILURE_LOGGER
+        logging.getLogger(name).setLevel(logging.CRITICAL if quiet else logging.ERROR)
     try:
         yield
     finally:
@@ -147,12 +158,23 @@ def launch_local(plan: Plan, entrypoint: Callable[..., Any] | str, args: Sequenc
         raise UserError(f"cluster.nodes: the plan spans {plan.nodes} nodes and a local launch starts one; "
                         "submit it with `python -m hybridflow.sbatch` or run torchrun on every node")
     local = [gpu.local_index for gpu in plan.gpus if gpu.node == 0]
-    if not port_is_free(dist_cfg.master_port):
-        raise UserError(f"distributed.master_port: port {dist_cfg.master_port} is in use on this machine; "
-                        f"set distributed.master_port={free_port()} (free now)")
     devices = visible_devices(local, os.environ.get("CUDA_VISIBLE_DEVICES"))
     return launch_ranks(len(local), entrypoint, args, dist_cfg, log_dir, devices, run_id=run_id,
                         stop_grace_s=stop_grace_s)
+
+
+def _listen_for_store(dist_cfg: DistributedConfig) -> socket.socket:
+    """The store's listening socket on distributed.master_addr:master_port, or a UserError naming the fix."""
+    addr, port = dist_cfg.master_addr, dist_cfg.master_port
+    try:
+        return store_socket(addr, port)
+    except OSError as err:
+        if err.errno == errno.EADDRINUSE:
+            raise UserError(f"distributed.master_port: port {port} is in use on {addr}; "
+                            f"set distributed.master_port={free_port(addr)} (free now)") from None
+        raise UserError(f"distributed.master_addr: the rendezvous store cannot listen on {addr}:{port} "
+                        f"({err.strerror or err}); set an address of this machine (127.0.0.1 for a "
+                        "single-node run)") from None
 
 
 def launch_ranks(nproc: int, entrypoint: Callable[..., Any] | str, args: Sequence[Any],
@@ -166,9 +188,22 @@ def launch_ranks(nproc: int, entrypoint: Callable[..., Any] | str, args: Sequenc
     `start_method` defaults to forkserver without CUDA and spawn with it. Rank 0's output is shown here as it is
     written (`RankConsole`); every rank's is in its log file. `quiet`: the ranks' output goes only to their log
     files and the agent prints nothing, so the caller alone reports (a CLI's one-line error).
-    Raises `LaunchError` naming the rank that failed first, `LaunchInterrupted` when this process was
-    signalled (the ranks are stopped by then).
+    The rendezvous store listens on `dist_cfg.master_addr` only (hybridflow/launch/rendezvous.py); a busy port
+    is refused with a free one named. Raises `LaunchError` naming the rank that failed first,
+    `LaunchInterrupted` when this process was signalled (the ranks are stopped by then).
     """
+    listener = _listen_for_store(dist_cfg)
+    try:
+        return _launch_agent(nproc, entrypoint, args, dist_cfg, log_dir, devices, listener, run_id=run_id,
+                             stop_grace_s=stop_grace_s, start_method=start_method, quiet=quiet)
+    finally:
+        listener.close()  # a no-op once the store took it over (detached)
+
+
+def _launch_agent(nproc: int, entrypoint: Callable[..., Any] | str, args: Sequence[Any],
+                  dist_cfg: DistributedConfig, log_dir: str | os.PathLike[str], devices: str,
+                  listener: socket.socket, *, run_id: str | None, stop_grace_s: int, start_method: str | None,
+                  quiet: bool) -> dict[int, Any]:
     logs = RankLogsSpecs(str(log_dir))
     target, target_args = _entrypoint(entrypoint, args)
     if start_method is None:
@@ -184,15 +219,18 @@ def launch_ranks(nproc: int, entrypoint: Callable[..., Any] | str, args: Sequenc
         # The fork server imports those modules with its own default sys.path (Python 3.12 does not hand it ours)
         # and skips them silently when it cannot: then every rank imports torch afresh. Start the server here,
         # with our sys.path on its PYTHONPATH, so the module is found wherever this process found it.
-        with _environ({"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}):
+        # The resource tracker it starts unlinks what stopped ranks leave behind (after Ctrl-C, the semaphore of
+        # a rank's checkpoint Manager) and warns about each: expected after a stop, and cleaned up.
+        warnings_filter = ",".join(filter(None, [os.environ.get("PYTHONWARNINGS"), TRACKER_LEAK_WARNING]))
+        with _environ({"PYTHONPATH": os.pathsep.join(p for p in sys.path if p), "PYTHONWARNINGS": warnings_filter}):
             multiprocessing.forkserver.ensure_running()
     if callable(target):  # ranks end when this process dies, even by SIGKILL (hybridflow/launch/lifeline.py)
         target, target_args = run_with_launcher, [os.getpid(), target, *target_args]
     options = dict(
         min_nodes=1, max_nodes=1, nproc_per_node=nproc,
         run_id=run_id or f"hybridflow-{uuid.uuid4().hex[:8]}",
-        rdzv_backend="static", rdzv_endpoint=f"{dist_cfg.master_addr}:{dist_cfg.master_port}",
-        rdzv_configs={"rank": 0, "timeout": dist_cfg.timeout_s},
+        rdzv_backend=BACKEND, rdzv_endpoint=f"{dist_cfg.master_addr}:{dist_cfg.master_port}",
+        rdzv_configs={"timeout": dist_cfg.timeout_s, LISTENER: listener},
         max_restarts=0, monitor_interval=0.5, logs_specs=logs, start_method=start_method,
     )
     if "shutdown_timeout" in {f.name for f in dataclasses.fields(LaunchConfig)}:  # newer torch only
@@ -204,11 +242,12 @@ def launch_ranks(nproc: int, entrypoint: Callable[..., Any] | str, args: Sequenc
         return (logs.stdout_of_rank[0], logs.stderr_of_rank[0]) if 0 in logs.stdout_of_rank else None
 
     console = contextlib.nullcontext() if quiet else RankConsole(rank0_files)
-    with _environ(env), _agent_logs_quieted(quiet), console:
-        try:
+    try:
+        with _environ(env), _agent_logs_quieted(quiet), console:
             return elastic_launch(config, target)(*target_args)
-        except ChildFailedError as err:
-            raise LaunchError(describe_failure(err, logs.stderr_of_rank),
-                              first_error=first_error(err, logs.stderr_of_rank)) from None
-        except SignalException as err:
-            raise LaunchInterrupted(int(err.sigval)) from None
+    except ChildFailedError as err:
+        keep_traceback_in_log(err, logs.stderr_of_rank)  # rank 0's console has stopped: the log alone gets it
+        raise LaunchError(describe_failure(err, logs.stderr_of_rank),
+                          first_error=first_error(err, logs.stderr_of_rank)) from None
+    except SignalException as err:
+        raise LaunchInterrupted(int(err.sigval)) from None

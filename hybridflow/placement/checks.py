@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from hybridflow.config.experiment import ExperimentConfig, engine_of
 from hybridflow.config.parallel import TRAINED_ROLES
@@ -151,3 +152,39 @@ def check_rollout_engine(cfg: ExperimentConfig) -> None:
             f"rollout.engine: {engine.name} runs on CUDA GPUs only and cluster.gpu_type is cpu; set "
             f"rollout.engine={' or '.join(others)} (or auto), or pick a GPU cluster (cluster=...)"
         )
+
+
+def memory_fixes(cfg: ExperimentConfig, roles: Sequence[str], offload_fractions: dict[str, float],
+                 update_max_tokens: dict[str, int]) -> list[str]:
+    """What could bring a GPU holding `roles` under its capacity, naming each role's field and leaving out what
+    the config already does (an optimizer offloaded in full, micro-batches of one row, the smallest update
+    budget). `cfg` is the resolved config; the two dicts are the plan's picks (role -> share, role -> tokens)."""
+    one_gpu = cfg.cluster.nodes * cfg.cluster.gpus_per_node == 1
+    fixes = ["use more GPUs (cluster.gpus_per_node) and raise tp/pp or spread roles over them" if one_gpu
+             else "raise tp/pp or spread roles over more GPUs"]
+    for role in (r for r in roles if r in TRAINED_ROLES):
+        settings = cfg.roles.get(role)
+        if not settings.offload_optimizer:
+            fixes.append(f"set roles.{role}.offload_optimizer=true")
+        elif offload_fractions.get(role, 1.0) < 1.0:
+            fixes.append(f"raise roles.{role}.offload_fraction (now {offload_fractions[role]:g}) toward 1")
+        if update_max_tokens.get(role, 0) > 0:
+            fixes.append(f"lower roles.{role}.update_max_tokens (now {update_max_tokens[role]})")
+    for role in (r for r in roles if r != "rollout"):
+        mbs = cfg.roles.get(role).micro_batch_size
+        if mbs is not None and mbs > 1:
+            fixes.append(f"lower roles.{role}.micro_batch_size (now {mbs})")
+    if "rollout" in roles and _kv_cache_follows_utilization(cfg):
+        fixes.append(f"lower rollout.gpu_memory_utilization (now {cfg.rollout.gpu_memory_utilization:g})")
+    elif "rollout" in roles:  # the cache holds the whole batch at full length
+        fixes.append(f"lower data.train_batch_size (the rollout caches {cfg.data.train_batch_size} x "
+                     f"{cfg.rollout.n_samples_per_prompt} sequences of {cfg.data.seq_length} tokens at once)")
+    return fixes
+
+
+def _kv_cache_follows_utilization(cfg: ExperimentConfig) -> bool:
+    """Whether the rollout engine's KV cache shrinks with rollout.gpu_memory_utilization (asked of its record:
+    vLLM fills that share of the GPU; the native engine sizes its cache for the batch)."""
+    engine = engine_of(cfg)
+    lower = replace(cfg, rollout=replace(cfg.rollout, gpu_memory_utilization=cfg.rollout.gpu_memory_utilization / 2))
+    return engine.kv_cache_bytes(lower, 0, 0) < engine.kv_cache_bytes(cfg, 0, 0)

@@ -18,6 +18,7 @@ from hybridflow.placement.checks import (
     check_rollout_engine,
     check_rollout_lag,
     check_tp_groups_local,
+    memory_fixes,
 )
 from hybridflow.placement.cluster import GPU, cluster_gpus
 from hybridflow.placement.generation import generation_mesh
@@ -233,7 +234,7 @@ def build_plan(
         rollout_engine=cfg.rollout.engine,
     )
     if cfg.placement.check_memory:
-        check_memory(plan)
+        check_memory(plan, cfg)
         check_host_memory(plan, writes_checkpoints=writes_dist_checkpoints(cfg))
     return plan
 
@@ -270,19 +271,17 @@ def colocation_sets(meshes: Mapping[str, RoleMesh]) -> list[tuple[str, ...]]:
     return [tuple(r for r in ROLES if r in roles) for roles, _ in sets]
 
 
-def check_memory(plan: Plan) -> None:
-    """Fail on the first GPU whose estimate exceeds its capacity less the headroom, with the numbers."""
+def check_memory(plan: Plan, cfg: ExperimentConfig) -> None:
+    """Fail on the first GPU whose estimate exceeds its capacity less the headroom, with the numbers and the
+    fixes that would help there (`cfg`: the resolved config the plan was built from)."""
     for rank in plan.over_capacity():
         parts = " + ".join(f"{role} {m.total / GIB:.1f}" for role, m in plan.role_memory[rank].items())
+        fixes = memory_fixes(cfg, tuple(plan.role_memory[rank]), plan.offload_fractions, plan.update_max_tokens)
         raise UserError(
             f"cluster.gpu_memory_gib: GPU {rank} (node {plan.gpus[rank].node}) needs an estimated "
             f"{plan.memory[rank].total / GIB:.1f} GiB ({parts}) > {plan.usable_bytes / GIB:.1f} GiB "
             f"({plan.capacity_bytes / GIB:.1f} GiB capacity - {plan.headroom_bytes / GIB:.1f} GiB "
-            "cluster.gpu_memory_headroom_gib); "
-            "raise tp/pp or spread roles over more GPUs, set roles.<role>.offload_optimizer=true, lower "
-            "rollout.gpu_memory_utilization, roles.<role>.micro_batch_size or an explicit "
-            "roles.<role>.update_max_tokens "
-            "(placement.check_memory=false to skip)"
+            f"cluster.gpu_memory_headroom_gib); {', '.join(fixes)} (placement.check_memory=false to skip)"
         )
 
 

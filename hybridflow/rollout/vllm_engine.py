@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from hybridflow.config.model import DTYPES
+from hybridflow.engines.vllm_args import check_engine_args
 from hybridflow.errors import UserError
 from hybridflow.placement import RoleMesh
 from hybridflow.rollout.base import EngineSetup, RolloutBatch, SamplingParams
@@ -34,20 +35,6 @@ from hybridflow.token_kinds import TokenKind, prompt_kinds
 from megatron_adapters.bridge import TargetFormat, WeightBridge
 from megatron_adapters.model import load_hf_config
 
-# Set by this engine, never by rollout.engine_args: they define how vLLM lives inside the job.
-RESERVED_ENGINE_ARGS = frozenset(
-    {
-        "model",
-        "tensor_parallel_size",
-        "pipeline_parallel_size",
-        "data_parallel_size",
-        "distributed_executor_backend",
-        "enable_sleep_mode",
-        "load_format",
-        "dtype",
-        "seed",
-    }
-)
 # Defaults rollout.engine_args may override. processed_logprobs = log_softmax(logits / temperature), which is
 # what RolloutBatch.logprobs promises as long as top-k/top-p are off (see `sampling_kwargs`).
 DEFAULT_ENGINE_ARGS: dict[str, Any] = {"skip_tokenizer_init": True, "logprobs_mode": "processed_logprobs"}
@@ -86,17 +73,12 @@ def engine_kwargs(spec: VllmEngineSpec, known_args: Iterable[str] | None = None,
     """Keyword arguments for `vllm.LLM` on a rank of DP replica `dp_rank`; `known_args` (vllm.EngineArgs'
     fields) catches misspelled keys."""
     user = dict(spec.engine_args)
-    for key in sorted(user):
-        if key in RESERVED_ENGINE_ARGS:
-            raise UserError(f"rollout.engine_args.{key}: set by hybridflow's vLLM engine; remove it")
+    check_engine_args(user, spec.gpu_memory_utilization)  # as at plan time: reserved, known, typed, in range
+    for key in sorted(user):  # and against the installed vLLM, which may have dropped a field of the table
         if known_args is not None and key not in set(known_args):
-            raise UserError(f"rollout.engine_args.{key}: not a vLLM engine argument; see vllm.EngineArgs")
-    gmu = user.pop("gpu_memory_utilization", spec.gpu_memory_utilization)
-    if gmu != spec.gpu_memory_utilization:
-        raise UserError(
-            f"rollout.engine_args.gpu_memory_utilization: {gmu} contradicts rollout.gpu_memory_utilization="
-            f"{spec.gpu_memory_utilization}; set only rollout.gpu_memory_utilization"
-        )
+            raise UserError(f"rollout.engine_args.{key}: not a vLLM engine argument of the installed vLLM; "
+                            "remove it or see vllm.EngineArgs")
+    user.pop("gpu_memory_utilization", None)
     if spec.dtype not in DTYPES:
         raise UserError(f"rollout.dtype: {spec.dtype!r} is not one of {sorted(DTYPES)}")
     if spec.sleep_level not in (1, 2):

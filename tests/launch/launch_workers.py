@@ -17,6 +17,7 @@ from pathlib import Path
 if __name__ == "__main__":  # run as a script: make the checkout importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+import psutil  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
@@ -59,7 +60,10 @@ def all_reduce(out_dir: str, port: int = 29500, timeout_s: int = 60) -> dict:
     # Also gather each rank's node so the test can check the plan's node order end to end.
     nodes = [None] * launcher.world_size
     dist.all_gather_object(nodes, (launcher.rank, launcher.node_rank))
-    info = _record(out_dir, launcher, sum=value.item(), nodes_by_rank=sorted(nodes),
+    # Every socket of this machine listening on the store's port (the launcher's store, while ranks run).
+    listeners = sorted({c.laddr.ip for c in psutil.net_connections("tcp")
+                        if c.status == psutil.CONN_LISTEN and c.laddr.port == int(port)})
+    info = _record(out_dir, launcher, sum=value.item(), nodes_by_rank=sorted(nodes), store_listeners=listeners,
                    backend=dist.get_backend(), device=device.index if device is not None else None)
     print(f"ALLREDUCE_OK rank={launcher.rank} sum={value.item():g}", flush=True)
     dist.destroy_process_group()

@@ -68,6 +68,12 @@ def test_all_ranks_run_and_reduce(scenarios):
         assert info["module_preloaded"]
 
 
+def test_store_listens_on_loopback_only(scenarios):
+    """master_addr 127.0.0.1 (a single-node run): the rendezvous store is not reachable from other addresses."""
+    listeners = {tuple(v["store_listeners"]) for v in scenarios["all_reduce"]["result"].values()}
+    assert listeners == {("127.0.0.1",)}
+
+
 def test_module_entrypoint_runs_as_python_dash_m(scenarios):
     rec = scenarios["module_entrypoint"]
     assert rec["error"] is None and sorted(rec["result"]) == ["0", "1"]
@@ -99,8 +105,11 @@ def test_dead_rank_stops_everyone_and_is_named(scenarios, name, rank, how):
 def test_python_exception_in_a_callable_rank_is_quoted(scenarios):
     rec = scenarios["rank_raises"]
     assert rec["error_type"] == "LaunchError"
-    assert rec["error"].startswith("rank 0 ") and "exited with code 1" in rec["error"]
-    assert "ValueError: bad batch on purpose" in rec["error"]
+    assert len(rec["error"].splitlines()) == 1
+    assert rec["error"].startswith("rank 0 ") and "raised ValueError: bad batch on purpose at " in rec["error"]
+    assert "launch_workers.py:" in rec["error"] and "in one_rank_raises" in rec["error"]
+    log = rec["error"].split("traceback in ")[1].split(";")[0]
+    assert 'raise ValueError("bad batch on purpose")' in Path(log).read_text()  # the full text is in the log
 
 
 def test_hung_peer_makes_collective_fail_after_timeout(scenarios):

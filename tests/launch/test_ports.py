@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 
-from hybridflow.launch.ports import port_is_free
+from hybridflow.launch.ports import port_is_free, store_address, store_socket
 
 
 def _time_wait_port() -> int:
@@ -39,3 +39,19 @@ def test_listening_socket_makes_the_port_busy():
         busy.bind(("", 0))
         busy.listen()
         assert not port_is_free(busy.getsockname()[1])
+
+
+def test_port_check_binds_where_the_store_listens():
+    """A store on 127.0.0.1 makes the port busy for master_addr 127.0.0.1 and localhost, and for every interface."""
+    with store_socket("127.0.0.1", 0) as store:
+        port = store.getsockname()[1]
+        assert store.getsockname()[0] == "127.0.0.1"
+        assert not port_is_free(port, "127.0.0.1")
+        assert not port_is_free(port, "localhost")
+        assert not port_is_free(port, "")
+
+
+def test_store_address_resolves_names_as_ranks_do():
+    assert store_address("127.0.0.1") == (socket.AF_INET, "127.0.0.1")
+    assert store_address("localhost")[1] in ("127.0.0.1", "::1")
+    assert store_address("") == (socket.AF_INET, "")
