@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 
 from hybridflow.config.experiment import ExperimentConfig, engine_of
 from hybridflow.config.parallel import TRAINED_ROLES
@@ -185,6 +184,5 @@ def memory_fixes(cfg: ExperimentConfig, roles: Sequence[str], offload_fractions:
 def _kv_cache_follows_utilization(cfg: ExperimentConfig) -> bool:
     """Whether the rollout engine's KV cache shrinks with rollout.gpu_memory_utilization (asked of its record:
     vLLM fills that share of the GPU; the native engine sizes its cache for the batch)."""
-    engine = engine_of(cfg)
-    lower = replace(cfg, rollout=replace(cfg.rollout, gpu_memory_utilization=cfg.rollout.gpu_memory_utilization / 2))
-    return engine.kv_cache_bytes(lower, 0, 0) < engine.kv_cache_bytes(cfg, 0, 0)
+    engine, util, gib = engine_of(cfg), cfg.rollout.gpu_memory_utilization, cfg.cluster.gpu_memory_gib
+    return engine.kv_cache_bytes(util / 2, gib, 0, 0) < engine.kv_cache_bytes(util, gib, 0, 0)
