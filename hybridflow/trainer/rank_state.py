@@ -3,7 +3,8 @@
 The file holds RNG states, the data position, the KL controller, LR schedules and, at rollout lag 1, the batch
 generated before the checkpoint. It is read with `torch.load(weights_only=True)`, which only rebuilds tensors,
 containers and numbers, plus the few types below, allowed by name: the lag-1 `StepBatch` (a dataclass of
-tensors and dataset rows) and numpy's array (numpy's RNG state is one). A file that asks for anything else is
+tensors and dataset rows), numpy's array (numpy's RNG state is one) and `Role` (the LR schedules are keyed by
+it; a member is its name as a string). A file that asks for anything else is
 refused with one line naming it, before anything in it runs.
 """
 
@@ -16,12 +17,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from hybridflow.config.parallel import Role
 from hybridflow.data.step_batch import StepBatch
 from hybridflow.errors import UserError
 
 # The types a rank file may contain beyond what weights_only allows anyway. numpy's array pickles through its
 # module's `_reconstruct`, taken from numpy's own reduction so no private module path is spelled here.
-_ALLOWED = [StepBatch, np.zeros(1).__reduce__()[0], np.ndarray, np.dtype, np.dtypes.UInt32DType]
+_ALLOWED = [StepBatch, Role, np.zeros(1).__reduce__()[0], np.ndarray, np.dtype, np.dtypes.UInt32DType]
 _ALLOWED_NAMES = {f"{t.__module__}.{t.__qualname__}" for t in _ALLOWED}
 
 

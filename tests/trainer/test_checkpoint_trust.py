@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from hybridflow.config import load_experiment
+from hybridflow.config.parallel import Role
 from hybridflow.data.step_batch import StepBatch
 from hybridflow.errors import UserError
 from hybridflow.placement import plan_placement
@@ -79,7 +80,7 @@ def test_the_rank_state_a_run_saves_reads_back(tmp_path):
     batch = StepBatch(rows=[{"prompt": "1+1", "answer": "2"}], tokens=torch.arange(6).view(1, 6),
                       prompt_lens=torch.tensor([3]), response_mask=torch.ones(1, 6))
     state = {"step": 3, "loader": {"epoch": 0, "index": 8, "seed": 1, "num_rows": 64}, "kl": {"value": 0.1},
-             "rollout_step": 3, "ready": batch, "schedulers": {"actor": {"num_steps": 24, "lr_decay_style": "cos"}},
+             "rollout_step": 3, "ready": batch, "schedulers": {Role.ACTOR: {"num_steps": 24, "lr_decay_style": "cos"}},
              "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
                      "cuda": None, "tracker": {"model-parallel-rng": torch.get_rng_state()}}}
     path = tmp_path / "rank00000.pt"
