@@ -5,7 +5,9 @@ by its first rank), so global rank 0 need not hold the actor or the critic.
 
 A checkpoint is written to `step_N.partial/` and renamed to `step_N/` only after every rank finished, so
 a run killed mid-write leaves a `.partial` directory that `resume=auto` never picks. Rank 0 adds the run's
-fingerprint (`hybridflow.trainer.resume`), checked before a later run resumes from it.
+fingerprint (`hybridflow.trainer.resume`), checked before a later run resumes from it, and last, just before the
+rename, the completeness record (`hybridflow.trainer.checkpoint_record`) that finds a truncated or missing file
+before a later run loads it. Per-rank state is tensors and plain data (`hybridflow.trainer.rank_state`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 
 from hybridflow.config.parallel import TRAINED_ROLES
 from hybridflow.roles.model_role import ModelRole
+from hybridflow.trainer.checkpoint_record import write_record
+from hybridflow.trainer.rank_state import rank_file, read_rank_state, write_rank_state
 from hybridflow.trainer.resume import step_dir, write_fingerprint
 from megatron_adapters.checkpoint import load_models, save_models
 
@@ -52,11 +56,12 @@ def save(root: Path, step: int, roles: dict[str, ModelRole], rank_state: dict, f
     held = [name for name in TRAINED_ROLES if name in roles]
     save_models(partial, {name: (roles[name].model, roles[name].optimizer.optimizer) for name in held})
     schedulers = {name: roles[name].optimizer.scheduler.state_dict() for name in held}
-    torch.save({**rank_state, "rng": _rng_state(), "schedulers": schedulers},
-               partial / f"rank{dist.get_rank():05d}.pt")
+    write_rank_state(rank_file(partial, dist.get_rank()), {**rank_state, "rng": _rng_state(),
+                                                           "schedulers": schedulers})
     dist.barrier()
     if dist.get_rank() == 0:
         write_fingerprint(partial, step, fingerprint)
+        write_record(partial)  # last: every file of the checkpoint is written
         shutil.rmtree(final, ignore_errors=True)
         partial.rename(final)
     dist.barrier()
@@ -64,10 +69,12 @@ def save(root: Path, step: int, roles: dict[str, ModelRole], rank_state: dict, f
 
 
 def load(path: Path, roles: dict[str, ModelRole]) -> dict:
-    """Collective: restore trained roles and return this rank's saved state (RNG restored already)."""
+    """Collective: restore trained roles and return this rank's saved state (RNG restored already).
+
+    The rank state is read first: a file that is not plain data stops this rank before any collective."""
+    rank_state = read_rank_state(rank_file(path, dist.get_rank()))
     load_models(path, {name: (roles[name].model, roles[name].optimizer.optimizer)
                        for name in TRAINED_ROLES if name in roles})
-    rank_state = torch.load(path / f"rank{dist.get_rank():05d}.pt", weights_only=False)
     for name, sched in rank_state.pop("schedulers").items():
         roles[name].optimizer.scheduler.load_state_dict(sched)
     _set_rng_state(rank_state.pop("rng"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from functools import partial
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from hybridflow.trainer import checkpointing
 from hybridflow.trainer.build import build_run
 from hybridflow.trainer.metrics import MetricsLog
 from hybridflow.trainer.profiling import profiled
-from hybridflow.trainer.resume import fingerprint, resume_point
+from hybridflow.trainer.resume import SFT_MODEL_DIR, drop_records_after, fingerprint, resume_point, sft_model_dir
 from hybridflow.trainer.samples import sample_records
 from hybridflow.trainer.validation import Validator
 
@@ -63,6 +64,19 @@ def _log_samples(log: MetricsLog, tokenizer, cfg: ExperimentConfig, stop_token_i
         log.log_samples(sample_records(tokenizer, batch, step, split, cfg.trainer.num_log_samples, stop_token_ids))
 
 
+def _resume_reference(trainer, saved: Path, sft_dir: Path) -> None:
+    """Load the warm-up's SFT model (the reference) from the run that wrote the checkpoint. Resumed into
+    another output directory, rank 0 also copies it there, so that a later resume of this directory finds
+    it beside its own checkpoints (written aside and renamed: a copy cut short is never read)."""
+    if "ref" in trainer.roles:
+        trainer.roles["ref"].load_hf(saved)
+    if dist.get_rank() == 0 and saved.is_dir() and not sft_dir.exists():
+        aside = sft_dir.with_name(f".{sft_dir.name}.copy")
+        shutil.rmtree(aside, ignore_errors=True)
+        shutil.copytree(saved, aside)
+        aside.rename(sft_dir)
+
+
 def train(cfg: ExperimentConfig, plan: Plan) -> dict[str, float]:
     """Run the experiment on this rank (`cfg` as plan.json carries it: resolved, with the plan's engine);
     returns the last step's metrics."""
@@ -76,7 +90,7 @@ def train(cfg: ExperimentConfig, plan: Plan) -> dict[str, float]:
     ckpt_root = work_dir / "checkpoints"
     resume_from = resume_point(cfg)  # the launching process checked it matches this run
     start = 0
-    sft_dir = work_dir / "sft_model"
+    sft_dir = work_dir / SFT_MODEL_DIR
     if resume_from is not None:
         state = checkpointing.load(resume_from, trainer.roles)
         loader.load_state_dict(state["loader"])
@@ -85,8 +99,10 @@ def train(cfg: ExperimentConfig, plan: Plan) -> dict[str, float]:
         trainer.steps_done = start
         trainer.ready = state.get("ready")  # lag 1: the batch generated before the checkpoint, not yet trained on
         trainer.rollout.sync(trainer.roles.get("actor"))
-        if cfg.trainer.warmup_sft_steps and "ref" in trainer.roles:
-            trainer.roles["ref"].load_hf(sft_dir)
+        if cfg.trainer.warmup_sft_steps:
+            _resume_reference(trainer, sft_model_dir(resume_from), sft_dir)
+        if dist.get_rank() == 0:  # the interrupted run's records past the checkpoint are logged again below
+            drop_records_after(work_dir, start)
     log = MetricsLog(work_dir, cfg.trainer.total_steps, start, active=dist.get_rank() == 0)
     if resume_from is None:
         warmup(trainer, loader_with_seed(seed=seed + 1), tokenizer, cfg, log, sft_dir, built.hf_dir)

@@ -18,31 +18,69 @@ from hybridflow.config.model import ModelConfig
 from hybridflow.config.parallel import TRAINED_ROLES
 from hybridflow.errors import UserError
 from hybridflow.placement import Plan
+from hybridflow.trainer.checkpoint_record import is_recorded, problem
 
 FINGERPRINT_FILE = "fingerprint.json"
+METRICS_FILE, SAMPLES_FILE = "metrics.jsonl", "samples.jsonl"  # in trainer.output_dir, written by rank 0
+SFT_MODEL_DIR = "sft_model"  # in trainer.output_dir: the warm-up's result, the reference model
 
 
 def step_dir(root: Path, step: int) -> Path:
     return root / f"step_{step:06d}"
 
 
+def _step_dirs(root: Path) -> list[Path]:
+    """Every checkpoint directory under `root`, oldest first (`.partial` ones, killed mid-write, never count)."""
+    return sorted(p for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(".partial"))
+
+
+def _world_size(ckpt_dir: Path) -> int | None:
+    record = ckpt_dir / FINGERPRINT_FILE
+    try:
+        return int(json.loads(record.read_text())["fingerprint"]["world size"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def checkpoint_problem(ckpt_dir: Path) -> str | None:
+    """Why `ckpt_dir` cannot be resumed from (a file missing or truncated), or None (see checkpoint_record)."""
+    return problem(ckpt_dir, _world_size(ckpt_dir))
+
+
 def latest_complete(root: Path) -> Path | None:
-    """The newest fully written checkpoint under `root` (partial ones never count)."""
-    done = sorted(p for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(".partial"))
-    return done[-1] if done else None
+    """The newest checkpoint under `root` whose files are all there as saved."""
+    return next((p for p in reversed(_step_dirs(root)) if checkpoint_problem(p) is None), None)
+
+
+def _skipped(ckpt_dir: Path) -> list[tuple[Path, str]]:
+    """The checkpoints newer than `ckpt_dir` beside it that `auto` passed over, with what is wrong with each."""
+    newer = [p for p in _step_dirs(ckpt_dir.parent) if p.name > ckpt_dir.name]
+    return [(p, why) for p in newer if (why := checkpoint_problem(p)) is not None]
 
 
 def resume_point(cfg: ExperimentConfig) -> Path | None:
-    """The checkpoint this run starts from: `trainer.resume` = auto (newest complete), never, or a directory."""
+    """The checkpoint this run starts from: `trainer.resume` = auto (the newest complete one), never, or a
+    directory. UserError for a directory that is not a complete checkpoint, and for `auto` when checkpoints
+    exist but none is complete (starting over would write over their steps)."""
     mode = cfg.trainer.resume
     if mode == "never":
         return None
     if mode == "auto":
-        return latest_complete(Path(cfg.trainer.output_dir) / "checkpoints")
+        root = Path(cfg.trainer.output_dir) / "checkpoints"
+        found = latest_complete(root)
+        if found is None and (held := _step_dirs(root)):
+            raise UserError(f"trainer.resume: no complete checkpoint in {root} (the newest, {held[-1].name}: "
+                            f"{checkpoint_problem(held[-1])}); set trainer.resume=DIR to a checkpoint of "
+                            "another directory, or trainer.resume=never to start over (they move to previous/)")
+        return found
     path = Path(mode)
-    if not (path / "metadata.json").is_file():
+    if not (path / "metadata.json").is_file() and not is_recorded(path):
         raise UserError(f"trainer.resume: {mode!r} is not a checkpoint directory (no metadata.json); "
                         "set auto, never or a checkpoints/step_N directory")
+    why = checkpoint_problem(path)
+    if why is not None:
+        raise UserError(f"trainer.resume: checkpoint {path} is incomplete or corrupt ({why}); set "
+                        "trainer.resume to an older checkpoints/step_N directory, or auto")
     return path
 
 
@@ -51,7 +89,7 @@ def set_aside_previous(cfg: ExperimentConfig) -> Path | None:
     `previous/<UTC time>/` (nothing is deleted), so that a later `auto` resume cannot pick the old run's
     checkpoints and the new metrics do not mix with the old ones. Returns where they went (None: nothing)."""
     out = Path(cfg.trainer.output_dir)
-    held = [out / name for name in ("checkpoints", "metrics.jsonl") if (out / name).exists()]
+    held = [out / name for name in ("checkpoints", METRICS_FILE) if (out / name).exists()]
     if cfg.trainer.resume != "never" or not held:
         return None
     dest = out / "previous" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
@@ -92,38 +130,80 @@ def write_fingerprint(ckpt_dir: Path, step: int, record: dict[str, Any]) -> None
     (ckpt_dir / FINGERPRINT_FILE).write_text(json.dumps({"step": step, "fingerprint": record}, indent=1))
 
 
-def check_resumable(ckpt_dir: Path, cfg: ExperimentConfig, plan: Plan) -> None:
-    """One line naming every field that differs (old -> new) and the fix, when this run cannot load `ckpt_dir`.
+def sft_model_dir(ckpt_dir: Path) -> Path:
+    """The warm-up's SFT model (the reference model) of the run that wrote `ckpt_dir`, in that run's
+    output directory: a run resuming it into another `trainer.output_dir` reads it there."""
+    return ckpt_dir.parent.parent / SFT_MODEL_DIR
 
-    Checkpoints written before fingerprints existed are not checked.
-    """
+
+def _changes(ckpt_dir: Path, cfg: ExperimentConfig, plan: Plan) -> str | None:
+    """Every fingerprint field that differs, as "field old -> new; ..." (None: none, or no fingerprint)."""
     record = ckpt_dir / FINGERPRINT_FILE
-    if not record.is_file():
-        return
+    if not record.is_file():  # written before fingerprints existed: megatron's own checks remain
+        return None
     old, new = json.loads(record.read_text())["fingerprint"], fingerprint(cfg, plan)
     differ = [key for key in {**old, **new} if old.get(key) != new.get(key)]
-    if not differ:
-        return
 
     def shown(value: Any) -> str:
         return ",".join(value) if isinstance(value, list) and all(isinstance(v, str) for v in value) else str(value)
 
-    changes = "; ".join(f"{key} {shown(old.get(key))} -> {shown(new.get(key))}" for key in differ)
-    raise UserError(f"trainer.resume: checkpoint {ckpt_dir} is of another run ({changes}); set "
-                    "trainer.output_dir to a new directory, or trainer.resume=never to start over in this one "
-                    "(its checkpoints and metrics move to previous/)")
+    return "; ".join(f"{key} {shown(old.get(key))} -> {shown(new.get(key))}" for key in differ) or None
+
+
+def check_resumable(ckpt_dir: Path, cfg: ExperimentConfig, plan: Plan) -> None:
+    """One line naming what stops this run from loading `ckpt_dir`: a rank file that holds more than data,
+    every fingerprint field that differs (old -> new) and the fix, or the warm-up's SFT model missing."""
+    # torch is imported here, not at the top: the run command reports bad input before importing it.
+    from hybridflow.trainer.rank_state import check_rank_file
+
+    for path in sorted(ckpt_dir.glob("rank*.pt")):
+        check_rank_file(path)
+    changes = _changes(ckpt_dir, cfg, plan)
+    if changes:
+        raise UserError(f"trainer.resume: checkpoint {ckpt_dir} is of another run ({changes}); set "
+                        "trainer.output_dir to a new directory, or trainer.resume=never to start over in this one "
+                        "(its checkpoints and metrics move to previous/)")
+    sft = sft_model_dir(ckpt_dir)
+    if cfg.trainer.warmup_sft_steps and "ref" in plan.meshes and not (sft / "config.json").is_file():
+        raise UserError(f"trainer.resume: checkpoint {ckpt_dir} was trained after an SFT warm-up whose model (the "
+                        f"reference) is not in {sft}; copy that run's {SFT_MODEL_DIR}/ there, or resume with "
+                        "trainer.resume=never")
 
 
 # ---- what the run command says about where a run stands --------------------------------------------
 def metrics_size(output_dir: Path) -> int:
     """Bytes in metrics.jsonl now: records after this offset are the ones this launch writes."""
-    path = output_dir / "metrics.jsonl"
+    path = output_dir / METRICS_FILE
     return path.stat().st_size if path.is_file() else 0
+
+
+def drop_records_after(output_dir: Path, step: int) -> None:
+    """Before a run resumed from `step` logs anything: remove the RL and validation records (and samples)
+    past `step` that the interrupted run wrote after its checkpoint, so the resumed run's records of those
+    steps are the only ones. Warm-up (`sft`) records are kept; a half-written last line goes too."""
+    for name in (METRICS_FILE, SAMPLES_FILE):
+        path = output_dir / name
+        if not path.is_file():
+            continue
+        lines = path.read_text().splitlines(keepends=True)
+        kept = [line for line in lines if _kept(line, step)]
+        if len(kept) < len(lines):
+            tmp = path.with_name(f".{name}.tmp")
+            tmp.write_text("".join(kept))
+            tmp.replace(path)
+
+
+def _kept(line: str, step: int) -> bool:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return False
+    return record.get("phase") == "sft" or int(record.get("step", 0)) <= step
 
 
 def last_step_since(output_dir: Path, offset: int) -> int | None:
     """The last RL step logged after byte `offset` of metrics.jsonl (None: none yet)."""
-    path = output_dir / "metrics.jsonl"
+    path = output_dir / METRICS_FILE
     if not path.is_file():
         return None
     with path.open("rb") as f:
@@ -141,7 +221,11 @@ def last_step_since(output_dir: Path, offset: int) -> int | None:
 
 
 def resumed_line(ckpt_dir: Path) -> str:
-    return f"resumed from step {checkpoint_step(ckpt_dir)} (checkpoint {ckpt_dir})"
+    """One line: the step and checkpoint resumed from, and each newer checkpoint passed over and why."""
+    line = f"resumed from step {checkpoint_step(ckpt_dir)} (checkpoint {ckpt_dir}"
+    line += ")" if is_recorded(ckpt_dir) else ", older than completeness records: its files are there, unverified)"
+    skipped = [f"{p.name} is incomplete ({why})" for p, why in _skipped(ckpt_dir)]
+    return f"{line}; skipped, and kept: {'; '.join(skipped)}" if skipped else line
 
 
 def complete_line(ckpt_dir: Path, cfg: ExperimentConfig) -> str:

@@ -16,26 +16,14 @@ from hybridflow.trainer.resume import (
     FINGERPRINT_FILE,
     check_resumable,
     checkpoint_step,
-    fingerprint,
     resume_point,
     set_aside_previous,
-    step_dir,
-    write_fingerprint,
 )
-
-
-def _checkpoint_of(tmp_path, experiment: str, step: int, *overrides: str):
-    """A checkpoint directory as the run would leave it (the fingerprint is what the check reads)."""
-    cfg = load_experiment(experiment, [f"trainer.output_dir={tmp_path}", *overrides])
-    ckpt = step_dir(tmp_path / "checkpoints", step)
-    ckpt.mkdir(parents=True)
-    (ckpt / "metadata.json").write_text("{}")
-    write_fingerprint(ckpt, step, fingerprint(cfg, plan_placement(cfg)))
-    return ckpt
+from tests.trainer.checkpoint_dirs import checkpoint_of
 
 
 def test_grpo_run_refuses_a_ppo_checkpoint_naming_the_fields(tmp_path):
-    ckpt = _checkpoint_of(tmp_path, "tiny_cpu", 10)
+    ckpt = checkpoint_of(tmp_path, "tiny_cpu", 10)
     cfg = load_experiment("grpo_tiny_cpu", [f"trainer.output_dir={tmp_path}"])
     assert resume_point(cfg) == ckpt
     with pytest.raises(UserError) as err:
@@ -49,7 +37,7 @@ def test_grpo_run_refuses_a_ppo_checkpoint_naming_the_fields(tmp_path):
 
 
 def test_a_changed_mesh_or_model_is_named_and_allowed_changes_pass(tmp_path):
-    ckpt = _checkpoint_of(tmp_path, "tiny_cpu", 4)
+    ckpt = checkpoint_of(tmp_path, "tiny_cpu", 4)
     for allowed in (["trainer.lr=3e-6", "trainer.total_steps=99", "trainer.save_every=7", "trainer.val_every=2"],):
         cfg = load_experiment("tiny_cpu", [f"trainer.output_dir={tmp_path}", *allowed])
         check_resumable(ckpt, cfg, plan_placement(cfg))
@@ -61,7 +49,7 @@ def test_a_changed_mesh_or_model_is_named_and_allowed_changes_pass(tmp_path):
 
 
 def test_checkpoints_without_a_fingerprint_still_resume(tmp_path):
-    ckpt = _checkpoint_of(tmp_path, "tiny_cpu", 6)
+    ckpt = checkpoint_of(tmp_path, "tiny_cpu", 6)
     (ckpt / FINGERPRINT_FILE).unlink()
     cfg = load_experiment("grpo_tiny_cpu", [f"trainer.output_dir={tmp_path}"])
     check_resumable(ckpt, cfg, plan_placement(cfg))  # nothing to compare with: megatron's own checks remain
@@ -69,7 +57,7 @@ def test_checkpoints_without_a_fingerprint_still_resume(tmp_path):
 
 
 def test_run_command_refuses_in_one_line_before_launching(tmp_path, capsys):
-    _checkpoint_of(tmp_path, "tiny_cpu", 10)
+    checkpoint_of(tmp_path, "tiny_cpu", 10)
     with pytest.raises(SystemExit) as exit_:
         main(["+experiment=grpo_tiny_cpu", f"trainer.output_dir={tmp_path}"])
     assert exit_.value.code == 2
@@ -79,7 +67,7 @@ def test_run_command_refuses_in_one_line_before_launching(tmp_path, capsys):
 
 
 def test_finished_run_says_where_it_stands_instead_of_training_again(tmp_path, capsys):
-    ckpt = _checkpoint_of(tmp_path, "tiny_cpu", 10, "trainer.total_steps=10")
+    ckpt = checkpoint_of(tmp_path, "tiny_cpu", 10, "trainer.total_steps=10")
     main(["+experiment=tiny_cpu", f"trainer.output_dir={tmp_path}", "trainer.total_steps=10"])  # returns: exit 0
     out = capsys.readouterr().out.strip().splitlines()
     assert out == [f"hybridflow run: tiny_cpu is complete at step 10 (checkpoint {ckpt}); outputs in {tmp_path} "
@@ -88,7 +76,7 @@ def test_finished_run_says_where_it_stands_instead_of_training_again(tmp_path, c
 
 
 def test_resume_never_sets_the_previous_run_aside(tmp_path):
-    ckpt = _checkpoint_of(tmp_path, "tiny_cpu", 10)
+    ckpt = checkpoint_of(tmp_path, "tiny_cpu", 10)
     (tmp_path / "metrics.jsonl").write_text('{"step": 10, "phase": "rl"}\n')
     cfg = load_experiment("grpo_tiny_cpu", [f"trainer.output_dir={tmp_path}", "trainer.resume=never"])
     assert resume_point(cfg) is None
@@ -108,6 +96,6 @@ def test_explicit_resume_path_must_be_a_checkpoint(tmp_path):
 
 
 def test_fingerprint_file_records_the_step(tmp_path):
-    ckpt = _checkpoint_of(tmp_path, "tiny_cpu", 3)
+    ckpt = checkpoint_of(tmp_path, "tiny_cpu", 3)
     record = json.loads((ckpt / FINGERPRINT_FILE).read_text())
     assert record["step"] == 3 and record["fingerprint"]["algorithm.name"] == "ppo"

@@ -1,0 +1,33 @@
+"""Checkpoint directories laid out as `hybridflow.trainer.checkpointing.save` leaves them, without training:
+megatron's and torch's metadata, a tensor shard, one state file per rank, the fingerprint, the record last."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from hybridflow.config import load_experiment
+from hybridflow.placement import plan_placement
+from hybridflow.trainer.checkpoint_record import write_record
+from hybridflow.trainer.rank_state import rank_file, write_rank_state
+from hybridflow.trainer.resume import SFT_MODEL_DIR, fingerprint, step_dir, write_fingerprint
+
+
+def checkpoint_of(out_dir: Path, experiment: str, step: int, *overrides: str, record: bool = True) -> Path:
+    """`out_dir`/checkpoints/step_N of `experiment` (and the warm-up's SFT model beside it, as a run leaves it)."""
+    cfg = load_experiment(experiment, [f"trainer.output_dir={out_dir}", *overrides])
+    plan = plan_placement(cfg)
+    ckpt = step_dir(out_dir / "checkpoints", step)
+    ckpt.mkdir(parents=True)
+    (ckpt / "metadata.json").write_text('{"sharded_backend": "torch_dist"}')
+    (ckpt / ".metadata").write_bytes(bytes(range(256)))
+    (ckpt / "__0_0.distcp").write_bytes(bytes(8192))
+    for rank in range(plan.world_size):
+        write_rank_state(rank_file(ckpt, rank), {"step": step, "rng": {"torch": torch.get_rng_state()}})
+    write_fingerprint(ckpt, step, fingerprint(cfg, plan))
+    (out_dir / SFT_MODEL_DIR).mkdir(exist_ok=True)
+    (out_dir / SFT_MODEL_DIR / "config.json").write_text("{}")
+    if record:
+        write_record(ckpt)
+    return ckpt
