@@ -94,6 +94,8 @@ def launch_run(source: str | None, overrides: list[str], cfg: ExperimentConfig,
         if plan_only:
             print(f"  wrote {plan_file}", flush=True)
             return finished(out)
+        if launcher is None and start_from is not None:  # the records past the resumed step go before the offset
+            resume.drop_records_after(out, start_step)
         offset = resume.metrics_size(out)
         _launch(cfg, plan, launcher)
     except (KeyboardInterrupt, LaunchInterrupted) as err:

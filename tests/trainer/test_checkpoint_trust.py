@@ -78,7 +78,7 @@ def test_the_rank_state_a_run_saves_reads_back(tmp_path):
     import numpy as np
 
     batch = StepBatch(rows=[{"prompt": "1+1", "answer": "2"}], tokens=torch.arange(6).view(1, 6),
-                      prompt_lens=torch.tensor([3]), response_mask=torch.ones(1, 6))
+                      prompt_lens=torch.tensor([3]), token_kinds=torch.tensor([[1, 1, 1, 2, 2, 2]]))
     state = {"step": 3, "loader": {"epoch": 0, "index": 8, "seed": 1, "num_rows": 64}, "kl": {"value": 0.1},
              "rollout_step": 3, "ready": batch, "schedulers": {Role.ACTOR: {"num_steps": 24, "lr_decay_style": "cos"}},
              "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
