@@ -12,7 +12,8 @@ the work both can do: group advantages, no critic, KL to the reference as a loss
 passes). hybridflow runs first (`python -m hybridflow.run`, once per `--placement` entry, e.g. once per rollout
 engine), then TRL in a fresh process. Written to DIR: compare.json, compare.md, hybridflow_<placement>.json and
 hybridflow/<placement>/ (each run), trl.json. The figure is the ratio of (prompt + response tokens) / step time,
-hybridflow over TRL. `--sides` runs only some sides now: a later call into the same DIR adds the others (the
+hybridflow over TRL (benchmarks/token_count.py counts both sides' tokens from their token ids; samples/s and
+step time stand beside it). `--sides` runs only some sides now: a later call into the same DIR adds the others (the
 checkpoint is reused), and compare.json holds every side found there.
 """
 
@@ -168,14 +169,19 @@ def compare_markdown(result: dict) -> str:
              f"work: {w['prompts']} prompts x {w['samples_per_prompt']} samples, {w['response_length']} response "
              f"tokens, mini-batch {w['mini_batch_size']}, micro-batch {w['micro_batch_size']}, "
              f"{w['ppo_epochs']} epoch(s), {w['steps']} timed step(s) after {w['warmup_steps']} warm-up", "",
-             "| framework | tokens/s | step s | tokens/step | peak GiB |" + "".join(f" vs {t} |" for t in trl),
-             "|---|---|---|---|---|" + "---|" * len(trl)]
+             "tokens: prompt + response tokens per RL step, padding not counted, one counter for both sides "
+             "(benchmarks/token_count.py)", "",
+             "| framework | tokens/s | samples/s | step s | tokens/step | peak GiB |"
+             + "".join(f" vs {t} |" for t in trl),
+             "|---|---|---|---|---|---|" + "---|" * len(trl)]
+    samples = w["prompts"] * w["samples_per_prompt"]
     rows = [(f"hybridflow {name}", r, result["ratio"][name]) for name, r in result["hybridflow"].items()]
     rows += [(t.get("framework", side), t, {}) for side, t in trl.items()]
     for name, r, ratio in rows:
         peak = r.get("peak_memory_gib")
         cells = "".join(f" **{ratio[t]:.2f}x** |" if t in ratio else " - |" for t in trl)
-        lines.append(f"| {name} | {r['throughput_tokens_per_s']:,.0f} | {r['step_time_s']:.2f} | "
+        lines.append(f"| {name} | {r['throughput_tokens_per_s']:,.0f} | {samples / r['step_time_s']:,.1f} | "
+                     f"{r['step_time_s']:.2f} | "
                      f"{r['tokens_per_step']:,.0f} | {'-' if peak is None else f'{peak:.1f}'} |{cells}")
     return "\n".join([*lines, ""])
 

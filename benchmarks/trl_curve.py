@@ -25,6 +25,7 @@ from pathlib import Path
 
 from benchmarks.provenance import REPO_ROOT, provenance
 from benchmarks.run_summary import read_rl_records
+from benchmarks.token_count import hybridflow_step_tokens, rates
 from benchmarks.trl_compare import parse_with_overrides
 from benchmarks.trl_grpo import SharedWork, grpo_config_kwargs
 from hybridflow.config import ExperimentConfig
@@ -78,12 +79,11 @@ def hybridflow_result(run_dir: Path, work: SharedWork) -> dict:
     """Throughput over every RL step but the first (its CUDA graphs and allocator warm up), and the val curve."""
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     rl = read_rl_records(run_dir / "metrics.jsonl")[1:]
-    tokens = sum(r["tokens_per_s"] * r["step_time_s"] for r in rl)
-    seconds = sum(r["step_time_s"] for r in rl)
+    tokens = [hybridflow_step_tokens(r, work.samples) for r in rl]
     accuracy = [{"step": r["step"], "samples": r["step"] * work.samples, "accuracy": r["val/accuracy"]}
                 for r in lines if r.get("phase") == "val"]
-    return {"timed_steps": len(rl), "step_time_s": seconds / len(rl),
-            "throughput_tokens_per_s": tokens / seconds, "accuracy": accuracy}
+    return {"timed_steps": len(rl), **rates(tokens, [r["step_time_s"] for r in rl], work.samples),
+            "accuracy": accuracy}
 
 
 def run_seed(args: argparse.Namespace, cfg: ExperimentConfig, extra: list[str], seed: int, out: Path) -> dict:
@@ -122,17 +122,32 @@ def compare_markdown(meta: dict, runs: list[dict]) -> str:
              f"<= {w['response_length']} response tokens (eos stops), mini-batch {w['mini_batch_size']}, "
              f"micro-batch {w['micro_batch_size']}, lr {w['lr']}, KL {w['kl_coef']}, {w['steps']} RL steps, "
              f"greedy held-out accuracy on {w['eval_rows']} prompts every {w['eval_every']} steps", "",
-             "| seed | framework | tokens/s | step s | accuracy before -> after |", "|---|---|---|---|---|"]
+             "Tokens: prompt + response tokens per RL step, padding not counted, one counter for both sides "
+             "(benchmarks/token_count.py).", "",
+             "| seed | framework | tokens/s | samples/s | step s | tokens/step | accuracy before -> after |",
+             "|---|---|---|---|---|---|---|"]
     for run in runs:
         for name in sides_of(run):
             r, acc = run[name], run[name].get("accuracy", [])
             curve = f"{acc[0]['accuracy']:.3f} -> {acc[-1]['accuracy']:.3f}" if acc else "-"
             lines.append(f"| {run['seed']} | {r['framework']} | {r['throughput_tokens_per_s']:,.0f} | "
-                         f"{r['step_time_s']:.2f} | {curve} |")
+                         f"{_samples_per_s(r, w):,.1f} | {r['step_time_s']:.2f} | {_tokens_per_step(r)} | {curve} |")
         for name in sides_of(run)[:-1] if "trl" in run else []:
-            ratio = run[name]["throughput_tokens_per_s"] / run["trl"]["throughput_tokens_per_s"]
-            lines.append(f"| {run['seed']} | {name} / TRL throughput | **{ratio:.2f}x** | | |")
+            h, t = run[name], run["trl"]
+            tokens = h["throughput_tokens_per_s"] / t["throughput_tokens_per_s"]
+            lines.append(f"| {run['seed']} | {name} / TRL | **{tokens:.2f}x** | "
+                         f"**{_samples_per_s(h, w) / _samples_per_s(t, w):.2f}x** | "
+                         f"{h['step_time_s'] / t['step_time_s']:.2f}x | | |")
     return "\n".join(lines) + "\n"
+
+
+def _samples_per_s(r: dict, work: dict) -> float:
+    """Samples per second (results written before samples/s was recorded: samples per step / step time)."""
+    return r.get("samples_per_s") or work["prompts"] * work["samples_per_prompt"] / r["step_time_s"]
+
+
+def _tokens_per_step(r: dict) -> str:
+    return f"{r['tokens_per_step']:,.0f}" if "tokens_per_step" in r else "-"
 
 
 def plot_accuracy(runs: list[dict], path: Path) -> None:

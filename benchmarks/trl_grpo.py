@@ -20,6 +20,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from benchmarks.token_count import rates, trl_step_tokens
+
 
 @dataclass(frozen=True)
 class SharedWork:
@@ -122,11 +124,6 @@ def text_of(completion) -> str:
     return completion if isinstance(completion, str) else completion[0]["content"]
 
 
-def prompt_token_count(tokenizer, prompt) -> int:
-    if isinstance(prompt, str):
-        return len(tokenizer(prompt)["input_ids"])
-    return len(tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True))
-
 
 def greedy_accuracy(model, tokenizer, rows: list[dict], max_new_tokens: int, batch: int = 128) -> float:
     """Share of `rows` whose greedy response scores 1 under the gsm8k rule (transformers' generate, left-padded,
@@ -180,9 +177,7 @@ def run_trl(work: SharedWork, output_dir: str) -> dict:
     model = AutoModelForCausalLM.from_pretrained(work.model_dir, dtype=dtype)
     tokens_per_rl_step: list[int] = []
 
-    def answer_reward(prompts, completions, completion_ids, answer, **_):
-        prompt_tokens = sum(prompt_token_count(tokenizer, p) for p in prompts)
-        tokens_per_rl_step.append(prompt_tokens + sum(len(c) for c in completion_ids))
+    def answer_reward(completions, answer, **_):
         return [score(text_of(c), a) for c, a in zip(completions, answer, strict=True)]
 
     eval_rows = held_out(work) if work.eval_every else []
@@ -219,6 +214,15 @@ def run_trl(work: SharedWork, output_dir: str) -> dict:
                           args=GRPOConfig(**grpo_config_kwargs(work, output_dir, on_gpu)),
                           train_dataset=Dataset.from_list(prompt_rows(work)), processing_class=tokenizer,
                           callbacks=[timer])
+    generate_and_score = trainer._generate_and_score_completions
+
+    def counted(inputs):
+        """One generation batch (one RL step): its tokens counted from the ids TRL trains on, padding left out."""
+        batch = generate_and_score(inputs)
+        tokens_per_rl_step.append(trl_step_tokens(batch))
+        return batch
+
+    trainer._generate_and_score_completions = counted
     if on_gpu:
         torch.cuda.reset_peak_memory_stats()
     trainer.train()
@@ -229,8 +233,7 @@ def run_trl(work: SharedWork, output_dir: str) -> dict:
     how = "vLLM colocate" if work.trl_generation == "vllm-colocate" else "transformers generate"
     how += ", pure bf16 weights" if work.trl_dtype == "bf16" else ""
     return {"framework": f"trl {trl.__version__} GRPOTrainer ({how})", "timed_steps": len(step_s),
-            "step_time_s": sum(step_s) / len(step_s), "tokens_per_step": sum(tokens) / len(tokens),
-            "throughput_tokens_per_s": sum(tokens) / sum(step_s),
+            **rates(tokens, step_s, work.samples),
             "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if on_gpu else None,
             "step_times_s": step_s, "accuracy": accuracy}
 

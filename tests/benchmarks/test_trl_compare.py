@@ -86,8 +86,9 @@ def test_sides_from_separate_calls_meet_in_one_comparison(tmp_path):
     assert result["ratio"] == {"colocated:megatron": {"trl": 3.0, "trl_bf16": 2.0},
                                "colocated:vllm": {"trl": 2.0, "trl_bf16": 200 / 150}}
     table = trl_compare.compare_markdown(result)
-    assert "| hybridflow colocated:megatron | 300 | 1.00 | 300 | 1.0 | **3.00x** | **2.00x** |" in table
-    assert "| trl.json | 100 | 3.00 | 300 | - | - | - |" in table and "| vs trl | vs trl_bf16 |" in table
+    # tokens/s, samples/s (32 samples per step / step time), step s, tokens/step, peak GiB, ratios
+    assert "| hybridflow colocated:megatron | 300 | 32.0 | 1.00 | 300 | 1.0 | **3.00x** | **2.00x** |" in table
+    assert "| trl.json | 100 | 10.7 | 3.00 | 300 | - | - | - |" in table and "| vs trl | vs trl_bf16 |" in table
     assert trl_compare.trl_file(work) == "trl.json"
     assert trl_compare.trl_file(_work(trl_dtype="bf16")) == "trl_bf16.json"
 

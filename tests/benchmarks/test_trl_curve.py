@@ -35,13 +35,17 @@ def test_hybridflow_result_reads_throughput_after_the_first_step_and_the_val_cur
     cfg = load_experiment("grpo_smollm2", OVERRIDES)
     work = trl_curve.shared_work(cfg, steps=2, eval_every=1, seed=1, trl_generation="hf")
     records = [{"step": 0, "phase": "val", "val/accuracy": 0.2},
-               {"step": 1, "phase": "rl", "tokens_per_s": 100.0, "step_time_s": 10.0},
+               {"step": 1, "phase": "rl", "prompt_length": 100.0, "response_length": 50.0, "step_time_s": 10.0},
                {"step": 1, "phase": "val", "val/accuracy": 0.3},
-               {"step": 2, "phase": "rl", "tokens_per_s": 300.0, "step_time_s": 2.0},
+               {"step": 2, "phase": "rl", "prompt_length": 100.5, "response_length": 20.25, "step_time_s": 2.0},
                {"step": 2, "phase": "val", "val/accuracy": 0.5}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     result = trl_curve.hybridflow_result(tmp_path, work)
-    assert result["timed_steps"] == 1 and result["throughput_tokens_per_s"] == pytest.approx(300.0)
+    # step 2 only: its per-sample mean lengths x the samples of a step, over its step time
+    tokens = work.samples * (100.5 + 20.25)
+    assert result["timed_steps"] == 1 and result["tokens_per_step"] == pytest.approx(tokens)
+    assert result["throughput_tokens_per_s"] == pytest.approx(tokens / 2.0)
+    assert result["samples_per_s"] == pytest.approx(work.samples / 2.0) and result["step_time_s"] == 2.0
     assert [a["accuracy"] for a in result["accuracy"]] == [0.2, 0.3, 0.5]
     assert result["accuracy"][2]["samples"] == 2 * work.samples
 
@@ -56,5 +60,6 @@ def test_report_has_a_ratio_per_engine_and_a_plot(tmp_path):
              "hybridflow-megatron": side(300.0, 0.5), "hybridflow-vllm": side(200.0, 0.4), "trl": side(100.0, 0.3)}]
     text = trl_curve.compare_markdown({"device": "cpu", "date": "d", "commit": "c"}, runs)
     assert "**3.00x**" in text and "**2.00x**" in text and "0.100 -> 0.500" in text
+    assert "samples/s" in text and "| 16.0 |" in text  # 16 samples per step in 1.0 s, beside tokens/s
     trl_curve.plot_accuracy(runs, tmp_path / "accuracy.png")
     assert (tmp_path / "accuracy.png").stat().st_size > 1000
