@@ -28,6 +28,7 @@ from megatron_adapters.hf_weights import (
     te_alias,
     weight_table,
 )
+from megatron_adapters.lora import is_adapter_param
 from megatron_adapters.model import load_hf_config
 
 SINGLE_FILE = "model.safetensors"
@@ -76,9 +77,10 @@ def _stage_offset(model) -> int:
 def stage_entries(model) -> list[tuple[WeightMapping, str]]:
     """(table entry, local parameter name) for every parameter on this rank's stage, checked both ways.
 
-    Raises ValueError if a model parameter has no table entry or an entry has no parameter.
+    Raises ValueError if a model parameter has no table entry or an entry has no parameter. LoRA adapter
+    weights are not base weights and are left out (``megatron_adapters.peft_export`` maps those).
     """
-    params = dict(model.named_parameters())
+    params = {name: p for name, p in model.named_parameters() if not is_adapter_param(p)}
     offset, count = _stage_offset(model), len(model.decoder.layers)
     pairs, seen = [], set()
     for entry in weight_table(model.hf_shape, model.head):
