@@ -70,7 +70,8 @@ class SafetensorsReader:
         return piece[start:stop] if dim == 0 else piece[:, start:stop]
 
 
-def _stage_offset(model) -> int:
+def stage_layer_offset(model) -> int:
+    """The global index of this rank's pipeline stage's first layer."""
     return get_transformer_layer_offset(model.config, None, model.pg_collection.pp.rank())
 
 
@@ -81,7 +82,7 @@ def stage_entries(model) -> list[tuple[WeightMapping, str]]:
     weights are not base weights and are left out (``megatron_adapters.peft_export`` maps those).
     """
     params = {name: p for name, p in model.named_parameters() if not is_adapter_param(p)}
-    offset, count = _stage_offset(model), len(model.decoder.layers)
+    offset, count = stage_layer_offset(model), len(model.decoder.layers)
     pairs, seen = [], set()
     for entry in weight_table(model.hf_shape, model.head):
         if entry.layer is not None and not offset <= entry.layer < offset + count:
