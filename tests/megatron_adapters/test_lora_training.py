@@ -1,6 +1,9 @@
 """A LoRA model under megatron DDP + the distributed optimizer: only adapters get grad buffers, optimizer
-state and updates; the base weights are bitwise unchanged by a step (TP2, PP2 and DP2 roles on 2 gloo ranks)."""
+state and updates; the base weights are bitwise unchanged by a step (TP2, PP2 and DP2 roles on 2 gloo ranks).
+Qwen2 adds tied embeddings (at PP2 megatron all-reduces the embedding's grad over `embd`: frozen, it has none)
+and a qkv bias (frozen with its linear)."""
 
+import pytest
 import torch
 
 from tests.distributed_harness import run_distributed
@@ -61,8 +64,9 @@ def _train_rank(path, batches):
     return out
 
 
-def test_only_adapters_train(tmp_path):
-    model = save_tiny_model("llama", tmp_path, seed=2)
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_only_adapters_train(tmp_path, kind):
+    model = save_tiny_model(kind, tmp_path, seed=2)
     ids = token_batch(model.config.vocab_size, batch=MICRO_BATCHES, seq=8, seed=4)
     batches = [{"input_ids": ids[i:i + 1]} for i in range(MICRO_BATCHES)]
     for rank_result in run_distributed(_train_rank, world_size=2, args=(str(tmp_path), batches)):
