@@ -37,6 +37,7 @@ from megatron.core.tensor_parallel.mappings import (
     reduce_from_tensor_model_parallel_region,
 )
 from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
 
 # Megatron names of the linears that can carry adapters and whether their base is fused (several HF tensors).
 LORA_TARGETS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
@@ -123,8 +124,18 @@ class LoraAdapted:
         """``(alpha / rank) * B @ A`` in this rank's base-weight layout (what merging adds)."""
         raise NotImplementedError
 
+    def sharded_state_dict(self, prefix="", sharded_offsets=(), metadata=None):
+        """The base's dist-checkpoint entries plus the adapters', each split along its own TP dimension
+        (megatron's linears name only ``weight``/``bias``; anything else would be saved as TP-replicated)."""
+        axes = {name: param.partition_dim for name, param in self.named_parameters()
+                if getattr(param, "tensor_model_parallel", False)}
+        return make_sharded_tensors_for_checkpoint(
+            self.state_dict(prefix="", keep_vars=True), prefix, axes, sharded_offsets,
+            tp_group=self.tp_group, dp_cp_group=metadata["dp_cp_group"],
+        )
 
-class LoraColumnParallelLinear(ColumnParallelLinear, LoraAdapted):
+
+class LoraColumnParallelLinear(LoraAdapted, ColumnParallelLinear):
     """``ColumnParallelLinear`` + adapter: ``A`` replicated ``[parts * rank, in]``, ``B`` per part sharded."""
 
     def __init__(self, input_size: int, output_size: int, *, lora: LoraSettings, fused: str | None = None,
@@ -160,7 +171,7 @@ class LoraColumnParallelLinear(ColumnParallelLinear, LoraAdapted):
         return self.lora_settings.scaling * interleave_parts(parts, self.groups, dim=0)
 
 
-class LoraRowParallelLinear(RowParallelLinear, LoraAdapted):
+class LoraRowParallelLinear(LoraAdapted, RowParallelLinear):
     """``RowParallelLinear`` + adapter: ``A`` sharded ``[rank, in / tp]``, ``B`` replicated ``[out, rank]``."""
 
     def __init__(self, input_size: int, output_size: int, *, lora: LoraSettings, **kwargs) -> None:
