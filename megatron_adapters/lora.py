@@ -36,6 +36,7 @@ from megatron.core.tensor_parallel.mappings import (
     copy_to_tensor_model_parallel_region,
     reduce_from_tensor_model_parallel_region,
 )
+from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
 
@@ -159,6 +160,8 @@ class LoraColumnParallelLinear(LoraAdapted, ColumnParallelLinear):
         output, bias = super().forward(input_, weight, runtime_gather_output)
         if not self.lora_enabled:
             return output, bias
+        # the input is the same on every TP rank, and so is its dropout mask (torch's default generator,
+        # seeded alike on a role's TP ranks, as for megatron's other replicated-activation dropouts)
         hidden = F.linear(self.lora_dropout(input_), self.lora_a)
         hidden = copy_to_tensor_model_parallel_region(hidden, group=self.tp_group)
         rank = self.lora_settings.rank
@@ -190,7 +193,11 @@ class LoraRowParallelLinear(LoraAdapted, RowParallelLinear):
         output, bias = super().forward(input_)
         if not self.lora_enabled:
             return output, bias
-        hidden = F.linear(self.lora_dropout(input_), self.lora_a)
+        if self.training and self.lora_settings.dropout:
+            # the input is split over TP: each shard its own mask, from megatron's tensor-parallel RNG
+            with get_cuda_rng_tracker().fork():
+                input_ = self.lora_dropout(input_)
+        hidden = F.linear(input_, self.lora_a)
         hidden = reduce_from_tensor_model_parallel_region(hidden, group=self.tp_group)
         return output + self.lora_settings.scaling * F.linear(hidden, self.lora_b[0]), bias
 

@@ -84,3 +84,45 @@ def test_adapter_of_another_rank_is_refused(tmp_path):
                                                                           "lora_alpha": 16}))
     [message] = run_distributed(_mismatch_rank, world_size=1, args=(tmp_path / "base", tmp_path / "adapter"))
     assert message is not None and "r=8" in message and "roles.<role>.lora" in message
+
+
+def _bridge_and_dropout_rank(path):
+    import torch.distributed as dist
+
+    from megatron_adapters.bridge import training_shards
+    from megatron_adapters.lora import adapters_merged
+    from megatron_adapters.model import build_gpt
+    from megatron_adapters.process_groups import build_role_groups, seed_role_rng
+
+    pg = build_role_groups(list(range(dist.get_world_size())), tp=2, pp=1, dp=1)
+    seed_role_rng(1, pg)
+    model = build_gpt(path, pg, spec="sdpa", lora=LoraSettings(rank=4, alpha=8.0, dropout=0.5))
+    qkv = model.decoder.layers[0].self_attention.linear_qkv
+    with torch.no_grad():
+        for b in qkv.lora_b:
+            b.normal_()
+    try:
+        training_shards(model)
+        refused = None
+    except ValueError as error:
+        refused = str(error)
+    with adapters_merged(model):
+        merged = training_shards(model)["decoder.layers.0.self_attention.linear_qkv.weight"].clone()
+    expected = qkv.weight + qkv.delta_weight()
+    ids = torch.arange(8).reshape(1, 8)
+    position_ids = torch.arange(8).reshape(1, 8)
+    model.train()
+    dropped = model(ids, position_ids, None)
+    dropped.sum().backward()  # the row-parallel dropout forks megatron's TP RNG: it must be seeded and work
+    model.eval()
+    return refused, (merged - expected).abs().max().item(), (dropped - model(ids, position_ids, None)).abs().max()
+
+
+def test_bridge_refuses_live_adapters_and_ships_merged_weights(tmp_path):
+    from tests.megatron_adapters.tiny_hf_models import save_tiny_model
+
+    save_tiny_model("llama", tmp_path)
+    for refused, merged_diff, dropout_effect in run_distributed(_bridge_and_dropout_rank, 2, args=(tmp_path,)):
+        assert refused is not None and "adapters_merged" in refused
+        assert merged_diff <= 1e-6
+        assert dropout_effect > 0  # dropout acts in training mode only
