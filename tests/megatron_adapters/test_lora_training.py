@@ -78,3 +78,7 @@ def test_only_adapters_train(tmp_path, kind):
             # B starts at zero, so the first step moves B (A's gradient is B^T ... = 0); nothing else moves
             assert r["changed"] and r["changed"] <= r["adapter_names"], (name, r["changed"] - r["adapter_names"])
             assert any(".lora_b." in n for n in r["changed"]), name
+        # A is drawn whole and sliced, so TP2 starts from TP1's adapters and sees the same gradient; the norm
+        # counts TP-replicated adapter weights (column A, row B) once
+        tp2, tp1 = rank_result["tp2"]["grad_norm"], rank_result["dp2"]["grad_norm"]
+        assert abs(tp2 - tp1) <= 1e-5 * tp1, (tp2, tp1)
