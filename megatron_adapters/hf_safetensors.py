@@ -28,6 +28,7 @@ from megatron_adapters.hf_weights import (
     te_alias,
     weight_table,
 )
+from megatron_adapters.lora import is_adapter_param
 from megatron_adapters.model import load_hf_config
 
 SINGLE_FILE = "model.safetensors"
@@ -69,17 +70,19 @@ class SafetensorsReader:
         return piece[start:stop] if dim == 0 else piece[:, start:stop]
 
 
-def _stage_offset(model) -> int:
+def stage_layer_offset(model) -> int:
+    """The global index of this rank's pipeline stage's first layer."""
     return get_transformer_layer_offset(model.config, None, model.pg_collection.pp.rank())
 
 
 def stage_entries(model) -> list[tuple[WeightMapping, str]]:
     """(table entry, local parameter name) for every parameter on this rank's stage, checked both ways.
 
-    Raises ValueError if a model parameter has no table entry or an entry has no parameter.
+    Raises ValueError if a model parameter has no table entry or an entry has no parameter. LoRA adapter
+    weights are not base weights and are left out (``megatron_adapters.peft_export`` maps those).
     """
-    params = dict(model.named_parameters())
-    offset, count = _stage_offset(model), len(model.decoder.layers)
+    params = {name: p for name, p in model.named_parameters() if not is_adapter_param(p)}
+    offset, count = stage_layer_offset(model), len(model.decoder.layers)
     pairs, seen = [], set()
     for entry in weight_table(model.hf_shape, model.head):
         if entry.layer is not None and not offset <= entry.layer < offset + count:

@@ -24,6 +24,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from transformers import AutoConfig, PretrainedConfig
 
 from hybridflow.families import VOCAB_DIVISIBLE_BY, ModelShape, padded_vocab_size, shape_from_hf
+from megatron_adapters.lora import LoraSettings, freeze_base_weights
 from megatron_adapters.packed_rotary import is_thd, per_token_rotary, with_host_offsets
 from megatron_adapters.specs import HOST_OFFSET_SPECS, layer_spec, resolve_spec_name
 
@@ -229,6 +230,7 @@ def build_gpt(
     dtype: torch.dtype = torch.float32,
     spec: str = "auto",
     make_vocab_size_divisible_by: int = VOCAB_DIVISIBLE_BY,
+    lora: LoraSettings | None = None,
     **config_overrides,
 ) -> GPTModel:
     """Build this rank's stage of an HF decoder as a megatron-core ``GPTModel``.
@@ -241,9 +243,11 @@ def build_gpt(
         dtype: parameter dtype (bf16 on GPU, fp32 on CPU tests).
         spec: layer spec name, see ``megatron_adapters.specs`` ("auto" | "te" | "sdpa" | "local").
         make_vocab_size_divisible_by: vocab padding unit (times TP), megatron's semantics.
+        lora: LoRA adapters on ``lora.target_modules`` (chosen through the layer spec); every other weight
+            is frozen. None: no adapters.
         config_overrides: extra ``TransformerConfig`` fields (e.g. recompute settings).
     Returns:
-        ``GPTModel`` with ``hf_shape`` (``ModelShape``), ``head`` and ``spec_name`` attributes.
+        ``GPTModel`` with ``hf_shape`` (``ModelShape``), ``head``, ``spec_name`` and ``lora`` attributes.
     """
     if head not in HEADS:
         raise ValueError(f"head: {head!r} is not a head; use one of {', '.join(HEADS)}")
@@ -257,7 +261,7 @@ def build_gpt(
     spec_name = resolve_spec_name(spec)
     model = HFGPTModel(
         config=config,
-        transformer_layer_spec=layer_spec(config, spec_name),
+        transformer_layer_spec=layer_spec(config, spec_name, lora),
         vocab_size=padded_vocab_size(shape.vocab_size, tp, make_vocab_size_divisible_by),
         max_sequence_length=hf.max_position_embeddings,
         pre_process=pp_rank == 0,
@@ -283,7 +287,10 @@ def build_gpt(
         # megatron allocates TP layers on the GPU but plain torch modules (RMSNorm of the local spec) on
         # the CPU; megatron's own training loop moves the model afterwards, so do the same here.
         model.cuda(torch.cuda.current_device())
+    if lora is not None:
+        freeze_base_weights(model)
     model.hf_shape = shape
     model.head = head
     model.spec_name = spec_name
+    model.lora = lora
     return model

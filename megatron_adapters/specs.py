@@ -15,11 +15,15 @@ implementation, by name, from a registry:
   can hold a static KV cache (the native rollout engine's model; same parameters and numbers as "sdpa").
 - ``"local"``: megatron-core's local spec unchanged (unfused attention; needs megatron's global memory
   buffer); kept for comparison only.
+
+LoRA is a transform of any of these specs (``with_lora``): the targeted linears' classes become the adapted
+ones of ``megatron_adapters.lora``, so the model code never asks whether adapters are on.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 from collections.abc import Callable
 
@@ -31,6 +35,7 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from megatron_adapters.decode_cache import KVCacheAttention
+from megatron_adapters.lora import LoraSettings, lora_module_spec
 from megatron_adapters.sdpa_attention import SdpaCoreAttention
 
 
@@ -88,6 +93,46 @@ def resolve_spec_name(spec: str) -> str:
     return name
 
 
-def layer_spec(config: TransformerConfig, spec: str = "auto") -> ModuleSpec:
-    """The GPT layer spec named by ``spec`` ("auto" | "te" | "sdpa" | "local") for ``config``."""
-    return LAYER_SPECS[resolve_spec_name(spec)](config)
+# Where each LoRA target sits in a layer spec, and which HF projections its base fuses.
+_LORA_SITES = {
+    "linear_qkv": ("self_attention", "qkv"),
+    "linear_proj": ("self_attention", None),
+    "linear_fc1": ("mlp", "gate_up"),
+    "linear_fc2": ("mlp", None),
+}
+
+
+def _submodules(entry):
+    """The submodules of a spec entry: a ``ModuleSpec``, or (megatron-core 0.19's MLP) a ``partial`` of
+    ``MLP.as_mlp_submodule`` that takes them as a keyword."""
+    return entry.keywords["submodules"] if isinstance(entry, functools.partial) else entry.submodules
+
+
+def _with_submodules(entry, submodules):
+    if isinstance(entry, functools.partial):
+        return functools.partial(entry.func, *entry.args, **{**entry.keywords, "submodules": submodules})
+    return dataclasses.replace(entry, submodules=submodules)
+
+
+def with_lora(spec: ModuleSpec, config: TransformerConfig, lora: LoraSettings) -> ModuleSpec:
+    """``spec`` with ``lora.target_modules`` swapped for their adapter-carrying classes."""
+    layer_subs = spec.submodules
+    for block in ("self_attention", "mlp"):
+        block_spec = getattr(layer_subs, block)
+        subs = _submodules(block_spec)
+        changes = {}
+        for target in lora.target_modules:
+            site, fused = _LORA_SITES[target]
+            if site == block:
+                fused = fused if fused != "gate_up" or config.gated_linear_unit else None
+                changes[target] = lora_module_spec(getattr(subs, target), lora, fused)
+        new_block = _with_submodules(block_spec, dataclasses.replace(subs, **changes))
+        layer_subs = dataclasses.replace(layer_subs, **{block: new_block})
+    return dataclasses.replace(spec, submodules=layer_subs)
+
+
+def layer_spec(config: TransformerConfig, spec: str = "auto", lora: LoraSettings | None = None) -> ModuleSpec:
+    """The GPT layer spec named by ``spec`` ("auto" | "te" | "sdpa" | "local") for ``config``, with LoRA
+    adapters on ``lora.target_modules`` when ``lora`` is given."""
+    base = LAYER_SPECS[resolve_spec_name(spec)](config)
+    return base if lora is None else with_lora(base, config, lora)

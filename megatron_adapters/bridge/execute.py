@@ -25,6 +25,7 @@ from megatron_adapters.bridge.vllm_layout import bridge_tensors
 from megatron_adapters.cpu_backend import compute_device
 from megatron_adapters.hf_safetensors import stage_entries
 from megatron_adapters.hf_weights import Layout, te_alias
+from megatron_adapters.lora import adapter_modules
 from megatron_adapters.model import VOCAB_DIVISIBLE_BY, ModelShape, padded_vocab_size
 
 
@@ -38,7 +39,16 @@ class ReshardStats:
 
 
 def training_shards(model) -> dict[str, torch.Tensor]:
-    """This rank's parameters keyed by their table (global-layer) megatron name: the bridge's input."""
+    """This rank's parameters keyed by their table (global-layer) megatron name: the bridge's input.
+
+    The bridge moves base weights only; a model whose LoRA adapters are on would reach the engine without
+    them, so it is refused: sync inside ``megatron_adapters.lora.adapters_merged(model)`` (merged weights).
+    """
+    if any(module.lora_enabled for _, module in adapter_modules(model)):
+        raise ValueError(
+            "bridge: the model's LoRA adapters are on and the bridge ships base weights only; "
+            "sync inside megatron_adapters.lora.adapters_merged(model)"
+        )
     params = dict(model.named_parameters())
     return {entry.mcore: params[name].detach() for entry, name in stage_entries(model)}
 
