@@ -230,6 +230,7 @@ def run_hybridflow(model_dir: Path, batch: dict, args) -> dict:
     from hybridflow.data.step_batch import StepBatch
     from hybridflow.placement import RoleMesh
     from hybridflow.roles.model_role import build_model_role
+    from hybridflow.token_kinds import TokenKind, prompt_kinds
     from hybridflow.trainer.build import optimizer_settings
     from hybridflow.trainer.rl_trainer import RLTrainer
     from megatron_adapters.checkpoint import unwrap
@@ -251,12 +252,13 @@ def run_hybridflow(model_dir: Path, batch: dict, args) -> dict:
                         scorer=None, kl_ctl=build_kl_controller(alg.kl_controller, alg.kl_coef, alg.kl_target,
                                                                 alg.kl_horizon),
                         algorithm=build_algorithm(cfg), device=torch.device("cpu"), training=None)
-    n = len(batch["samples"])
-    step = StepBatch(rows=[{}] * n, tokens=batch["tokens"], prompt_lens=torch.tensor([len(p) for p, _ in
-                     batch["samples"]]), response_mask=batch["mask"])
+    n, n_cols = len(batch["samples"]), batch["tokens"].shape[1]
+    prompt_lens = torch.tensor([len(p) for p, _ in batch["samples"]])
+    assistant = torch.where(batch["mask"].bool(), int(TokenKind.ASSISTANT), prompt_kinds(prompt_lens, n_cols))
+    step = StepBatch(rows=[{}] * n, tokens=batch["tokens"], prompt_lens=prompt_lens, token_kinds=assistant)
     step.scores, step.old_logprobs, step.ref_logprobs = batch["rewards"], batch["old"], batch["ref"]
     trainer.assign_rewards(step)  # as RLTrainer.consume: token rewards, then the estimator
-    step.advantages = trainer.algorithm.estimator(step.token_rewards, step.response_mask, step.values).advantages
+    step.advantages = trainer.algorithm.estimator(step.token_rewards, step.loss_mask, step.values).advantages
     gpt = unwrap(actor.model)
     record: dict = {"grads": [], "weights": [], "lr": [], "grad_norm": []}
     record["initial"] = hf_named(gpt, {n: p.detach().clone() for n, p in gpt.named_parameters()})
@@ -274,8 +276,8 @@ def run_hybridflow(model_dir: Path, batch: dict, args) -> dict:
     actor.optimizer.step = snapped_step
     record["metrics"] = trainer._update("actor", step, trainer._actor_loss(cfg.rollout.temperature or 1.0),
                                         trainer._actor_fields())
-    rows = step.response_mask.sum(1) > 0
-    first = step.response_mask.float().argmax(1)
+    rows = step.loss_mask.sum(1) > 0
+    first = step.loss_mask.float().argmax(1)
     record["advantages"] = step.advantages[torch.arange(n), first] * rows
     record["config"] = {"loss_agg_mode": alg.loss_agg_mode, "whiten_advantages": alg.whiten_advantages,
                         "kl_loss_estimator": alg.kl_loss_estimator, "entropy_coef": alg.entropy_coef,

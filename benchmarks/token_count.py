@@ -5,7 +5,7 @@ Both sides count the same thing from the same token ids: each sample's prompt to
 `trl_step_tokens` applies it to the batch TRL's GRPOTrainer builds (left-padded `prompt_mask`, right-padded
 `completion_mask`: padding is 0 there), `hybridflow_step_tokens` to one RL record of hybridflow's
 metrics.jsonl (its `prompt_length` and `response_length` are the step's per-sample means, from the same
-`prompt_lens` and `response_mask` the trainer trains on).
+`prompt_lens` and `token_kinds` the trainer trains on).
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ from benchmarks.token_count import hybridflow_step_tokens, rates, trl_step_token
 from hybridflow.config import ExperimentConfig
 from hybridflow.data.step_batch import StepBatch
 from hybridflow.trainer.rl_trainer import RLTrainer, StageTimer
+from tests.single_turn import single_turn_kinds
 
 EOS, PAD = 2, 0
 # (prompt ids, response ids): different lengths, one response stopped at eos, one truncated
@@ -28,8 +29,9 @@ def hybridflow_record(width: int = 16) -> dict:
     for i, (p, r) in enumerate(SAMPLES):
         tokens[i, : len(p) + len(r)] = torch.tensor(p + r)
         mask[i, len(p) : len(p) + len(r)] = 1
-    batch = StepBatch(rows=[{}] * len(SAMPLES), tokens=tokens, prompt_lens=torch.tensor([len(p) for p, _ in SAMPLES]),
-                      response_mask=mask)
+    prompt_lens = torch.tensor([len(p) for p, _ in SAMPLES])
+    batch = StepBatch(rows=[{}] * len(SAMPLES), tokens=tokens, prompt_lens=prompt_lens,
+                      token_kinds=single_turn_kinds(prompt_lens, mask))
     batch.scores = torch.zeros(len(SAMPLES))
     trainer = RLTrainer(cfg=ExperimentConfig(), roles={}, meshes={}, rollout=None, scorer=None, kl_ctl=None,
                         algorithm=None, device=torch.device("cpu"), training=None)
