@@ -19,8 +19,10 @@ from hybridflow.tools.record import (
     register_tool,
     tool_names,
 )
+from hybridflow.tools.sandbox import PYTHON
 
 register_tool(CALCULATOR)
+register_tool(PYTHON)
 register_environment(ToolEnvironment(name="calculator", tools=(CALCULATOR.name,)))
 
 __all__ = [
