@@ -17,6 +17,7 @@ import resource
 import runpy
 import signal
 import sys
+import traceback
 
 # The exit code after the CPU limit's SIGXCPU; the runner maps it back (a signal's death does not pass
 # through `unshare` reliably). Kept equal to hybridflow.tools.sandbox.EXIT_CPU_LIMIT.
@@ -101,7 +102,15 @@ def main() -> None:
     sys.dont_write_bytecode = True
     _install_hook(scratch, block_sockets == "1", block_forks == "1")
     sys.argv = [os.path.join(scratch, "main.py")]
-    runpy.run_path(sys.argv[0], run_name="__main__")
+    try:
+        runpy.run_path(sys.argv[0], run_name="__main__")
+    except SystemExit:
+        raise
+    except BaseException as err:  # the model reads this: only its own frames, not runpy's or this guard's
+        frames = [f for f in traceback.extract_tb(err.__traceback__) if f.filename == sys.argv[0]]
+        sys.stderr.write("Traceback (most recent call last):\n" + "".join(traceback.format_list(frames))
+                         + "".join(traceback.format_exception_only(type(err), err)))
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -77,6 +77,7 @@ def test_writes_outside_scratch_and_other_programs_are_refused(isolation, tmp_pa
                           (f"import os\nos.system('touch {outside}')", "starting other programs is refused")):
         result = _run(code, isolation)
         assert result.exit_code == 1 and f"PermissionError: sandbox: {refusal}" in result.stderr, code
+        assert "main.py" in result.stderr and "runpy" not in result.stderr and "<string>" not in result.stderr
     assert not outside.exists()
 
 
@@ -127,8 +128,24 @@ def test_python_tool_answers_with_the_observation_and_never_raises():
     assert results.metrics == {"tool_calls": 2, "tool_errors/exception": 1}
 
 
+def test_syntax_error_is_reported():
+    result = _run("print(", None)
+    assert result.exit_code == 1 and "SyntaxError" in result.stderr and "main.py" in result.stderr
+
+
 def test_file_size_limit_is_an_error_the_code_sees():
     result = _run("try:\n    with open('big', 'wb') as f:\n        f.write(b'x' * 4096)\nexcept OSError as err:\n"
                   "    print(err.errno)",
                   None, SandboxLimits(file_bytes=1024))
     assert result.exit_code == 0 and result.stdout == "27\n"  # EFBIG, not a SIGXFSZ death
+
+
+def test_children_left_running_are_killed_with_the_run_without_namespaces():
+    # No PID namespace to take them down: the runner's kill of the run's session must find them, including one
+    # that moved to a process group of its own.
+    no_namespaces = Isolation(prefix=(), uid=None, network="audit hook", processes="RLIMIT_NPROC",
+                              block_sockets=True, block_forks=False)
+    code = ("import os, time\nfor i in range(3):\n    if os.fork() == 0:\n        if i == 0:\n"
+            "            os.setpgid(0, 0)\n        time.sleep(60)\n        os._exit(0)\nprint('parent done')\n")
+    result = _run(code, no_namespaces)
+    assert result.exit_code == 0 and result.stdout == "parent done\n"
