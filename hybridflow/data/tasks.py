@@ -13,6 +13,9 @@ import random
 from dataclasses import dataclass
 
 from hybridflow.errors import UserError
+from hybridflow.tools.calculator import CALCULATOR
+from hybridflow.tools.tool_call import CLOSE as TOOL_CALL_CLOSE
+from hybridflow.tools.tool_call import OPEN as TOOL_CALL_OPEN
 
 BUILTIN_PREFIX = "builtin:"
 # Every character a built-in task writes: its character tokenizer needs nothing else (17 ids with specials).
@@ -99,9 +102,54 @@ class WordProblems:
                 "answer": f"{expression} = {value}\n#### {value}"}
 
 
-BuiltinTask = SortDigits | AddNumbers | MaxDigit | WordProblems
+def _calculator_call(expression: str) -> str:
+    """The assistant text that calls the calculator tool on `expression` (hybridflow.tools.tool_call's form)."""
+    call = {"name": CALCULATOR.name, "arguments": {"expression": expression}}
+    return TOOL_CALL_OPEN + json.dumps(call) + TOOL_CALL_CLOSE
+
+
+CALC_SYSTEM = ("Solve the math word problem. You have a calculator: to use it, write "
+               + _calculator_call("<arithmetic>") + " and stop; its result comes back in a tool message. "
+               "Finish with the final answer on its own line as '#### <number>'.")
+# One solved exchange that uses the tool, so a small instruct model sees the call format in action.
+CALC_EXAMPLE = ({"role": "user", "content": "A shop has 23 boxes with 47 pens in each box. How many pens is that?"},
+                {"role": "assistant", "content": _calculator_call("23 * 47")},
+                {"role": "tool", "content": "1081"},
+                {"role": "assistant", "content": "23 * 47 = 1081\n#### 1081"})
+
+
+@dataclass(frozen=True)
+class CalculatorWordProblems:
+    """Word problems on two- and three-digit numbers (products a 135M model rarely gets right in its head),
+    as chat messages that offer the `calculator` tool (hybridflow.tools) with one solved exchange using it.
+    The answer is the worked expression and `#### n` (hybridflow.rewards.gsm8k scores it); every answer is a
+    non-negative integer."""
+
+    def example(self, rng: random.Random) -> dict:
+        name, item = rng.choice(_NAMES), rng.choice(_ITEMS)
+        a, b = rng.randint(12, 99), rng.randint(12, 99)
+        c = rng.randint(100, a * b - 1)
+        d, e = rng.randint(100, 999), rng.randint(100, 999)
+        kinds = {  # (question, worked expression, its value)
+            "mul": (f"{name} packs {a} boxes with {b} {item} in each box. How many {item} is that?",
+                    f"{a} * {b}", a * b),
+            "mul_sub": (f"{name} packs {a} boxes with {b} {item} in each box and gives {c} {item} away. How many "
+                        f"{item} are left?", f"{a} * {b} - {c}", a * b - c),
+            "add_mul": (f"{name} has {c} {item} and buys {a} packs of {b} {item}. How many {item} does {name} "
+                        "have now?", f"{c} + {a} * {b}", c + a * b),
+            "div": (f"{name} shares {a * b} {item} equally among {a} friends. How many {item} does each friend "
+                    "get?", f"{a * b} / {a}", b),
+            "add3": (f"{name} collects {c} {item} on Monday, {d} on Tuesday and {e} on Wednesday. How many {item} "
+                     "is that in all?", f"{c} + {d} + {e}", c + d + e),
+        }
+        question, expression, value = kinds[rng.choice(sorted(kinds))]
+        prompt = [{"role": "system", "content": CALC_SYSTEM}, *CALC_EXAMPLE, {"role": "user", "content": question}]
+        return {"prompt": prompt, "answer": f"{expression} = {value}\n#### {value}"}
+
+
+BuiltinTask = SortDigits | AddNumbers | MaxDigit | WordProblems | CalculatorWordProblems
 BUILTIN_TASKS: dict[str, BuiltinTask] = {"sort_digits": SortDigits(), "add": AddNumbers(), "max_digit": MaxDigit(),
-                                         "gsm8k_easy": WordProblems()}
+                                         "gsm8k_easy": WordProblems(), "calc_word_problems": CalculatorWordProblems()}
 
 
 def _prompt_key(prompt: str | list[dict[str, str]]) -> str:
