@@ -56,8 +56,8 @@ def import_graph() -> dict[str, set[str]]:
 # The layers, lowest first; a module belongs to the longest prefix listed (a package or a module).
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("hybridflow.errors", "hybridflow.registry", "hybridflow.units", "hybridflow.token_kinds"),
-    # records: leaves that take plain values (hybridflow.engines, hybridflow.families)
-    ("hybridflow.engines", "hybridflow.families"),
+    # records: leaves that take plain values (hybridflow.engines, hybridflow.families, hybridflow.tools)
+    ("hybridflow.engines", "hybridflow.families", "hybridflow.tools"),
     ("hybridflow.config",),
     # pure planning and data: no engine runtime, no converter, no torch model code
     ("hybridflow.placement", "hybridflow.algorithms", "hybridflow.data", "hybridflow.rewards"),
