@@ -71,12 +71,12 @@ def _check_prompts(rows: list[Row], prompt_key: str, source: str) -> None:
         if prompt_key not in row:
             fields = ", ".join(sorted(row)) or "none"
             raise UserError(
-                f"data.prompt_key: row {index} of {source} has no field {prompt_key!r} (fields: {fields}); "
+                f"data.prompt_key: row {index + 1} of {source} has no field {prompt_key!r} (fields: {fields}); "
                 "set data.prompt_key to the field holding the prompt"
             )
         if not isinstance(row[prompt_key], str) and not is_chat(row[prompt_key]):
             raise UserError(
-                f"data.prompt_key: field {prompt_key!r} of row {index} of {source} is "
+                f"data.prompt_key: field {prompt_key!r} of row {index + 1} of {source} is "
                 f"{type(row[prompt_key]).__name__}, not text or a list of {{role, content}} messages; "
                 "point data.prompt_key at such a field"
             )

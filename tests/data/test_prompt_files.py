@@ -43,6 +43,14 @@ def test_non_text_prompt(tmp_path):
         load_prompt_dataset(_jsonl(tmp_path / "d.jsonl", [{"prompt": 3}]))
 
 
+def test_rows_are_counted_from_1_like_the_file_lines(tmp_path):
+    path = _jsonl(tmp_path / "d.jsonl", [{"prompt": "1+1="}, {"question": "2+2="}])
+    with pytest.raises(UserError, match=r"row 2 of .*d\.jsonl has no field 'prompt'"):
+        load_prompt_dataset(path)
+    with pytest.raises(UserError, match=r"field 'prompt' of row 1 of"):
+        load_prompt_dataset(_jsonl(tmp_path / "e.jsonl", [{"prompt": 3}]))
+
+
 def test_missing_file_and_unknown_format(tmp_path):
     with pytest.raises(UserError, match="does not exist"):
         load_prompt_dataset(str(tmp_path / "missing.jsonl"))
