@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> None:
             # On a line of its own: rank 0's progress bar may have left the cursor mid-line.
             line = "interrupted"  # still composing the config
             if isinstance(err, RunInterrupted) and experiment is not None:
-                command = shlex.join(["python", "-m", "hybridflow.run", *argv])
+                command = shlex.join([sys.executable, "-m", "hybridflow.run", *argv])  # the interpreter used
                 line = resume.interrupted_line(err.step, experiment.config, command)
             print("\n" + line, file=sys.stderr)
         raise SystemExit(err.exit_code if isinstance(err, RunInterrupted) else 128 + signal.SIGINT) from None

@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -50,7 +51,7 @@ def test_resume_prints_its_checkpoint_and_ctrl_c_prints_one_line(tmp_path):
     assert "Traceback" not in stderr and "SignalException" not in stderr and "death signal" not in stderr
     last = stderr.strip().splitlines()[-1]
     found = re.fullmatch(rf"interrupted at step (\d+); last checkpoint: {tmp_path}/checkpoints/step_(\d+); "
-                         r"resume with: python -m hybridflow\.run (.*)", last)
+                         rf"resume with: {re.escape(sys.executable)} -m hybridflow\.run (.*)", last)
     assert found, last
     assert int(found[1]) >= 3 and int(found[2]) in (int(found[1]), int(found[1]) - 1)
     assert found[3].split() == command[3:]  # the same command
