@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from hybridflow.errors import UserError
+from hybridflow.registry import Registry
 
 DEFAULT_TOOL_TIMEOUT_S = 10.0
 
@@ -63,42 +63,14 @@ class EnvironmentRecord(Protocol):
     def step(self, messages: list[dict[str, str]], row: Mapping[str, Any]) -> EnvironmentStep: ...
 
 
-class Registry[R]:
-    """Records of one kind by their `name`; `kind` names them in errors."""
-
-    def __init__(self, kind: str):
-        self.kind = kind
-        self._records: dict[str, R] = {}
-
-    def register(self, record: R) -> R:
-        """Add `record` under `record.name`; a name is registered once (the same record again is a no-op)."""
-        name = record.name  # type: ignore[attr-defined]
-        if name in self._records and self._records[name] is not record:
-            raise ValueError(f"{self.kind} {name!r} is registered already")
-        self._records[name] = record
-        return record
-
-    def names(self) -> tuple[str, ...]:
-        return tuple(sorted(self._records))
-
-    def find(self, name: str) -> R | None:
-        return self._records.get(name)
-
-    def get(self, name: str) -> R:
-        """The record `name` names; a one-line UserError listing the registered names otherwise."""
-        if name not in self._records:
-            raise UserError(f"{self.kind} {name!r} is unknown; use one of {', '.join(self.names()) or '(none)'} "
-                            f"or register it with hybridflow.tools.register_{self.kind}")
-        return self._records[name]
-
-
-_TOOLS: Registry[ToolRecord] = Registry("tool")
-_ENVIRONMENTS: Registry[EnvironmentRecord] = Registry("environment")
+# The project's one registry convention (hybridflow/registry.py); the field names what a config will name.
+_TOOLS: Registry[ToolRecord] = Registry("tool", "tool")
+_ENVIRONMENTS: Registry[EnvironmentRecord] = Registry("environment", "environment")
 
 
 def register_tool(record: ToolRecord) -> ToolRecord:
     """Make the tool `record.name` available to environments and rollouts."""
-    return _TOOLS.register(record)
+    return _TOOLS.add(record.name, record)
 
 
 def get_tool(name: str) -> ToolRecord:
@@ -108,7 +80,7 @@ def get_tool(name: str) -> ToolRecord:
 
 def find_tool(name: str) -> ToolRecord | None:
     """The registered tool `name`, or None (for names a model writes)."""
-    return _TOOLS.find(name)
+    return _TOOLS.get(name) if name in _TOOLS else None
 
 
 def tool_names() -> tuple[str, ...]:
@@ -117,7 +89,7 @@ def tool_names() -> tuple[str, ...]:
 
 def register_environment(record: EnvironmentRecord) -> EnvironmentRecord:
     """Make the environment `record.name` available to rollouts."""
-    return _ENVIRONMENTS.register(record)
+    return _ENVIRONMENTS.add(record.name, record)
 
 
 def get_environment(name: str) -> EnvironmentRecord:

@@ -52,14 +52,14 @@ def test_schema_is_the_function_form_chat_templates_render():
 
 
 def test_unknown_name_is_one_line_listing_the_known_ones():
-    with pytest.raises(UserError, match=r"^tool 'nope' is unknown; use one of .*calculator.*register_tool$"):
+    with pytest.raises(UserError, match=r"^tool: 'nope' is unknown; use one of .*calculator"):
         get_tool("nope")
-    with pytest.raises(UserError, match=r"^environment 'nope' is unknown; use one of .*calculator"):
+    with pytest.raises(UserError, match=r"^environment: 'nope' is unknown; use one of .*calculator"):
         get_environment("nope")
     assert find_tool("nope") is None
 
 
 def test_a_name_cannot_be_taken_twice_by_different_records():
     other = ToolRecord(name="calculator", description="", parameters={}, call=lambda a: "")
-    with pytest.raises(ValueError, match="tool 'calculator' is registered already"):
+    with pytest.raises(ValueError, match="register_tool: 'calculator' is registered already"):
         register_tool(other)
