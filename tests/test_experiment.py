@@ -153,3 +153,26 @@ def test_sbatch_and_check_env_take_the_file(user_file, capsys):
     assert f"sbatch --config {user_file} slurm.time=00:10:00" in script
     check_env.main(["--config", "../user/my_experiment.yaml"])
     assert re.search(r"\nexperiment my_experiment (can|cannot) run here", capsys.readouterr().out)  # it loaded
+
+
+@pytest.mark.slow
+def test_user_experiment_plans_and_runs_from_an_installed_wheel(user_file, tmp_path):
+    """The wheel carries conf/ as package data: the user's file composes its groups from there, not from a
+    checkout (the wheel is installed into a folder of its own and put first on the path)."""
+    wheels, site = tmp_path / "wheels", tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+                    str(wheels), str(REPO)], check=True, capture_output=True, timeout=600)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site),
+                    *map(str, wheels.glob("hybridflow-*.whl"))], check=True, capture_output=True, timeout=600)
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    probe = "import hybridflow.config.load as m; print(m.__file__, m.conf_dir())"
+    where = subprocess.run([sys.executable, "-c", probe], cwd=Path.cwd(), env=env, capture_output=True, text=True,
+                           check=True).stdout.split()
+    assert all(Path(p).is_relative_to(site) for p in where), where  # the wheel's code and the wheel's conf/
+    out = tmp_path / "wheel_out"
+    done = subprocess.run([sys.executable, "-m", "hybridflow.cli", "run", "--config", "../user/my_experiment.yaml",
+                           f"trainer.output_dir={out}", f"distributed.master_port={free_port()}"],
+                          cwd=Path.cwd(), env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in steps if r.get("phase") == "rl"] == [1, 2]
