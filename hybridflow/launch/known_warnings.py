@@ -47,6 +47,13 @@ KNOWN_NOISE = (
     Noise("MCore's async save is deprecated", "megatron-core's own save path logs that its async mode is "
           "deprecated (checkpoints here are written synchronously)",
           "megatron.core.dist_checkpointing.strategies.torch"),
+    # Resuming: megatron-core's dist_checkpointing.load through torch's distributed-checkpoint reader
+    Noise("torch.distributed is disabled, unavailable or uninitialized", "torch's checkpoint reader loads "
+          "megatron-core's per-rank common state without a process group (resuming)"),
+    Noise("The argument order of load has been changed", "torch's checkpoint reader notes a changed argument "
+          "order in megatron-core's load call (resuming)"),
+    Noise("deprecating ShardedTensor", "torch deprecates ShardedTensor, which megatron-core's checkpoint loader "
+          "still builds (resuming)"),
     Noise("is deprecated", "deprecated in a dependency", quote=True),
 )
 

@@ -19,6 +19,13 @@ for _ in range(3):
     warnings.warn("torch.foo is deprecated, use torch.bar", FutureWarning)
 warnings.warn("something nobody listed")
 """
+# What a resumed tiny_cpu run printed raw, twice per rank, before these were known (issue #41): torch's
+# distributed-checkpoint reader under megatron-core's dist_checkpointing.load.
+RESUME_WARNINGS = (
+    "torch.distributed is disabled, unavailable or uninitialized, assuming the intent is to load in a single process.",
+    "The argument order of load has been changed. Please check the document to avoid future breakages.",
+    "Please use DTensor instead and we are deprecating ShardedTensor.",
+)
 
 
 def _stderr(rank: str, log_dir: Path) -> list[str]:
@@ -56,3 +63,14 @@ def test_full_text_once_per_rank_in_its_log(rank, tmp_path):
     if rank == "0":  # the note says where the full text is
         notes = [line for line in lines if line.startswith("note:")]
         assert all(str(tmp_path / "warnings_rank0.txt") in note for note in notes), notes
+
+
+def test_a_resumed_runs_checkpoint_reader_warnings_are_notes(tmp_path):
+    script = ("import sys, warnings\nfrom hybridflow.launch.known_warnings import quiet_known_noise\n"
+              "quiet_known_noise(log_dir=sys.argv[1])\n"
+              + "".join(f"warnings.warn({m!r}, {c})\n" * 2 for m, c in zip(
+                  RESUME_WARNINGS, ("UserWarning", "UserWarning", "FutureWarning"), strict=True)))
+    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path)], cwd=REPO, capture_output=True, text=True,
+                          timeout=60, env={"RANK": "0", "PATH": ""})
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 3 and all(line.startswith("note:") for line in lines), lines
