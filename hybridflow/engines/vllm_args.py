@@ -62,7 +62,6 @@ KNOWN: dict[str, Arg] = {
     "block_size": Arg("int", ge=1),
     "num_gpu_blocks_override": Arg("int", ge=1),
     "max_logprobs": Arg("int", ge=-1),  # -1: no cap
-    "swap_space": Arg("float", ge=0),  # GiB
     "cpu_offload_gb": Arg("float", ge=0),
     "gpu_memory_utilization": Arg("float", gt=0, le=1),  # must equal rollout.gpu_memory_utilization
     "enforce_eager": Arg("bool"),
@@ -71,7 +70,7 @@ KNOWN: dict[str, Arg] = {
     "disable_custom_all_reduce": Arg("bool"),
     "disable_log_stats": Arg("bool"),
     "skip_tokenizer_init": Arg("bool"),
-    "kv_cache_dtype": Arg("str", choices=("auto", "fp8", "fp8_e4m3", "fp8_e5m2")),
+    "kv_cache_dtype": Arg("str", choices=("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")),
     "scheduling_policy": Arg("str", choices=("fcfs", "priority")),
     "logprobs_mode": Arg("str", choices=("raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits")),
     "quantization": Arg("str"),
