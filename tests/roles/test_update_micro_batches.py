@@ -72,4 +72,7 @@ def test_update_gradient_does_not_depend_on_a_token_sized_split(tmp_path, mode):
     (one, reference), (split, by_tokens) = grads[0], grads[2 * SEQ]
     assert one == [ROWS] and split == [2, 2, 1]
     assert reference.abs().max() > 0
-    torch.testing.assert_close(by_tokens, reference, rtol=0, atol=1e-6)
+    # float32 sums in another order: differences scale with the gradient (seq-mean-token-sum's, the largest,
+    # missed a flat 1e-6 by 1.2e-6 under torch 2.14.1), so the tolerance is relative to its largest element; a
+    # split-dependent normalisation changes it by a factor, far outside
+    torch.testing.assert_close(by_tokens, reference, rtol=0, atol=2e-5 * float(reference.abs().max()))
