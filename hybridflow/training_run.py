@@ -60,8 +60,6 @@ def launch_run(source: str | None, overrides: list[str], cfg: ExperimentConfig,
     start_step, offset = 0, 0
     try:
         check_algorithm(cfg)
-        if first:  # one run per output directory, until this process ends
-            hold_output_dir(cfg.trainer.output_dir)
         if launcher is None:
             plan = plan_placement(cfg)
             notes = preflight(cfg, plan)
@@ -73,6 +71,8 @@ def launch_run(source: str | None, overrides: list[str], cfg: ExperimentConfig,
         if start_from is not None:
             resume.check_resumable(start_from, cfg, plan)
             start_step = resume.checkpoint_step(start_from)
+        if first:  # one run per output directory, until this process ends; taken after the checks (bad input
+            hold_output_dir(cfg.trainer.output_dir)  # writes nothing) and before anything is written
         if launcher is None:  # checked: the ranks (local, or srun's after --plan-only) load this
             plan_file = write_plan(cfg, plan)
         if start_from is not None and start_step >= cfg.trainer.total_steps:

@@ -27,6 +27,7 @@ def user_file(tmp_path, monkeypatch):
     """The user's experiment file in tmp_path/user; the test runs in tmp_path/elsewhere. Loading the file puts
     its folder on sys.path and imports my_rewards: both are undone afterwards."""
     monkeypatch.setattr(sys, "path", list(sys.path))
+    sys.modules.pop("my_rewards", None)  # another test's module of that name (tests/rewards) is not the user's
     modules = set(sys.modules)
     file = write_user_dir(tmp_path / "user")
     (tmp_path / "elsewhere").mkdir()
