@@ -83,7 +83,8 @@ class Experiment:
     def run(self, plan_only: bool = False) -> RunResult:
         """Plan, check and train with the same launcher as `python -m hybridflow.run` (one local process per
         planned rank, or this rank under torchrun/srun); returns when the run ends."""
-        return launch_run(self.source, self.resolved_overrides(), self.config, plan_only=plan_only)
+        self.resolved_overrides()  # Python's changes checked and folded into `config`, as plan() does
+        return launch_run(self.config, plan_only=plan_only)
 
     def command(self) -> list[str]:
         """The `python -m hybridflow.run` arguments that run `config` as it is now."""

@@ -2,7 +2,7 @@
 
 `launch_run` is what `python -m hybridflow.run` and `Experiment.run()` both do. Outside a launcher it plans,
 writes the plan to <trainer.output_dir>/plan.json and starts one process per planned rank through PyTorch's
-elastic launcher; each rank composes the same experiment (name or file, and overrides) and loads that plan.
+elastic launcher; each rank reads the resolved config and the plan from that plan.json.
 Under torchrun or srun this process is one of those ranks already and loads the plan.json that `--plan-only`
 wrote before the launcher started. A finished run is not trained again; a run that can resume from its output
 directory does, after its checkpoint was checked against this run.
@@ -49,11 +49,9 @@ class RunFailed(Exception):
     """A rank failed; the message names the rank, its log and the log's last lines."""
 
 
-def launch_run(source: str | None, overrides: list[str], cfg: ExperimentConfig,
-               plan_only: bool = False) -> RunResult:
-    """Run `cfg`, composed from `source` (an experiment's name or the user's file) and `overrides`: the ranks
-    read it, resolved, from plan.json. `plan_only`: plan, check and write plan.json for ranks srun or torchrun
-    start, then return."""
+def launch_run(cfg: ExperimentConfig, plan_only: bool = False) -> RunResult:
+    """Run `cfg` (resolved: hybridflow.resolve); the ranks read it from plan.json. `plan_only`: plan, check and
+    write plan.json for ranks srun or torchrun start, then return."""
     launcher = None if plan_only else detect_launcher()  # None: this process plans (and launches)
     first = launcher is None or launcher.rank == 0  # under torchrun/srun every rank runs this: say things once
     out = Path(cfg.trainer.output_dir)
