@@ -147,9 +147,37 @@ class CalculatorWordProblems:
         return {"prompt": prompt, "answer": f"{expression} = {value}\n#### {value}"}
 
 
-BuiltinTask = SortDigits | AddNumbers | MaxDigit | WordProblems | CalculatorWordProblems
+WORD_ORDER_SYSTEM = "Put the words in alphabetical order. Answer with the ordered words only, separated by commas."
+WORD_ORDER_EXAMPLE = ({"role": "user", "content": "Words: pear, apple, melon, fig"},
+                      {"role": "assistant", "content": "apple, fig, melon, pear"})
+# Common short words; several share a first letter (bat, bell, bird; cat, cow, cup; ...), so ordering needs
+# the second letter too, which is what keeps a 135M model from solving most prompts at the start.
+_WORDS = ("ant", "bat", "bell", "bird", "cat", "cow", "cup", "dog", "door", "egg", "fish", "fog", "goat", "hat",
+          "hill", "ink", "jam", "kite", "lamp", "leaf", "moon", "mud", "nest", "owl", "pen", "pig", "rain", "rose",
+          "sun", "sock", "tree", "toy", "van", "web", "wolf", "yak", "zoo")
+
+
+@dataclass(frozen=True)
+class WordOrder:
+    """ "Words: owl, cat, cow, ant" -> "ant, cat, cow, owl": a chat task of another kind than the word problems
+    (ordering, no arithmetic). The answer is the ordered list, which `hybridflow.rewards.word_order` compares
+    with the response's last line."""
+
+    min_words: int = 3
+    max_words: int = 4
+
+    def example(self, rng: random.Random) -> dict:
+        words = rng.sample(_WORDS, rng.randint(self.min_words, self.max_words))
+        ordered = ", ".join(sorted(words))
+        prompt = [{"role": "system", "content": WORD_ORDER_SYSTEM}, *WORD_ORDER_EXAMPLE,
+                  {"role": "user", "content": "Words: " + ", ".join(words)}]
+        return {"prompt": prompt, "answer": ordered}
+
+
+BuiltinTask = SortDigits | AddNumbers | MaxDigit | WordProblems | CalculatorWordProblems | WordOrder
 BUILTIN_TASKS: dict[str, BuiltinTask] = {"sort_digits": SortDigits(), "add": AddNumbers(), "max_digit": MaxDigit(),
-                                         "gsm8k_easy": WordProblems(), "calc_word_problems": CalculatorWordProblems()}
+                                         "gsm8k_easy": WordProblems(), "calc_word_problems": CalculatorWordProblems(),
+                                         "word_order": WordOrder()}
 
 
 def _prompt_key(prompt: str | list[dict[str, str]]) -> str:

@@ -64,3 +64,25 @@ def test_word_problems_are_chat_with_checkable_gsm8k_answers():
     assert len({json.dumps(r["prompt"]) for r in rows}) > 290
     held_out = held_out_rows(task, 64, seed=2, num_train=300)
     assert not {json.dumps(r["prompt"]) for r in held_out} & {json.dumps(r["prompt"]) for r in rows}
+
+
+def test_word_order_rows_and_their_reward():
+    from hybridflow.data.tasks import WORD_ORDER_SYSTEM, held_out_rows
+    from hybridflow.rewards.word_order import word_order_score
+
+    task = builtin_task("builtin:word_order")
+    rows = task_rows(task, 300, seed=2)
+    for row in rows:
+        system, *example, user = row["prompt"]
+        assert system["content"] == WORD_ORDER_SYSTEM and len(example) == 2
+        words = user["content"].removeprefix("Words: ").split(", ")
+        assert 3 <= len(words) <= 4 and len(set(words)) == len(words)
+        ordered = ", ".join(sorted(words))  # independent of the task's own formatting
+        assert row["answer"] == ordered
+        assert word_order_score(f"Sorted:\n\n{ordered.upper()}.\n", row["answer"]) == 1.0
+        assert word_order_score(", ".join(words[::-1]), row["answer"]) == 0.0 or words[::-1] == sorted(words)
+        assert word_order_score(", ".join(sorted(words)[:-1]), row["answer"]) == 0.0
+        assert word_order_score(f"{ordered}\nDone.", row["answer"]) == 0.0  # only the last line answers
+    assert len({json.dumps(r["prompt"]) for r in rows}) == 300
+    assert not {json.dumps(r["prompt"]) for r in held_out_rows(task, 64, seed=2, num_train=300)} & {
+        json.dumps(r["prompt"]) for r in rows}
