@@ -49,6 +49,10 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return parse_with_overrides(parser, argv)
 
 
+# hybridflow's rule rewards and the SharedWork.reward name TRL's side scores with (benchmarks.trl_grpo.scorer)
+TRL_REWARDS = {"hybridflow.rewards.gsm8k:gsm8k": "gsm8k", "hybridflow.rewards.word_order:word_order": "word_order"}
+
+
 def shared_work(cfg: ExperimentConfig, steps: int, eval_every: int, seed: int, trl_generation: str) -> SharedWork:
     """The experiment's GRPO work as both frameworks run it."""
     if not cfg.data.source.startswith("builtin:"):
@@ -56,13 +60,16 @@ def shared_work(cfg: ExperimentConfig, steps: int, eval_every: int, seed: int, t
                         "sides draw the same train and held-out rows from it)")
     if eval_every <= 0 or steps % eval_every:
         raise UserError(f"--eval-every: {eval_every} must be positive and divide --steps {steps}")
+    reward = TRL_REWARDS.get(cfg.reward.fn)
+    if reward is None:
+        raise UserError(f"reward.fn: {cfg.reward.fn!r} has no TRL counterpart here; use one of {sorted(TRL_REWARDS)}")
     work = SharedWork(
         model_dir=cfg.model.path, prompts=cfg.data.train_batch_size,
         samples_per_prompt=cfg.rollout.n_samples_per_prompt,
         response_length=cfg.rollout.max_new_tokens, mini_batch_size=cfg.algorithm.mini_batch_size,
         micro_batch_size=cfg.roles.actor.micro_batch_size, ppo_epochs=cfg.algorithm.ppo_epochs, lr=cfg.trainer.lr,
         kl_coef=cfg.algorithm.kl_coef, cliprange=cfg.algorithm.cliprange, temperature=cfg.rollout.temperature,
-        warmup_steps=0, steps=steps, seed=seed, task=cfg.data.source, reward="gsm8k", stop_at_eos=True,
+        warmup_steps=0, steps=steps, seed=seed, task=cfg.data.source, reward=reward, stop_at_eos=True,
         eval_every=eval_every, eval_rows=cfg.data.val_size, trl_generation=trl_generation)
     work.check()
     return work

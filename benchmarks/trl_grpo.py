@@ -42,7 +42,7 @@ class SharedWork:
     steps: int
     seed: int
     task: str = "builtin:add"
-    reward: str = "char_match"  # or "gsm8k" (hybridflow.rewards.gsm8k: `#### n` must equal the answer)
+    reward: str = "char_match"  # a key of SCORES: "gsm8k" (`#### n` must equal the answer), "word_order"
     stop_at_eos: bool = False  # True: responses end at eos (a real task); False: exactly R tokens each
     eval_every: int = 0  # RL steps between held-out evaluations (and one before training); 0 = none
     eval_rows: int = 0  # held-out prompts per evaluation (hybridflow's validation set for `seed`)
@@ -125,12 +125,19 @@ def text_of(completion) -> str:
 
 
 
-def greedy_accuracy(model, tokenizer, rows: list[dict], max_new_tokens: int, batch: int = 128) -> float:
-    """Share of `rows` whose greedy response scores 1 under the gsm8k rule (transformers' generate, left-padded,
+def scorer(reward: str):
+    """The per-sample rule `(response, answer) -> score` named by SharedWork.reward, as hybridflow's reward uses it."""
+    from hybridflow.rewards.answer_match import char_match
+    from hybridflow.rewards.gsm8k import gsm8k_score
+    from hybridflow.rewards.word_order import word_order_score
+
+    return {"char_match": char_match, "gsm8k": gsm8k_score, "word_order": word_order_score}[reward]
+
+
+def greedy_accuracy(model, tokenizer, rows: list[dict], max_new_tokens: int, score, batch: int = 128) -> float:
+    """Share of `rows` whose greedy response scores 1 under `score` (transformers' generate, left-padded,
     stopping at the tokenizer's eos)."""
     import torch
-
-    from hybridflow.rewards.gsm8k import gsm8k_score
 
     was_training, side = model.training, tokenizer.padding_side
     model.eval()
@@ -147,7 +154,7 @@ def greedy_accuracy(model, tokenizer, rows: list[dict], max_new_tokens: int, bat
                 out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
                                      pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
             responses = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
-            correct += sum(gsm8k_score(text, r["answer"]) for text, r in zip(responses, chunk, strict=True))
+            correct += sum(score(text, r["answer"]) for text, r in zip(responses, chunk, strict=True))
     finally:
         tokenizer.padding_side = side
         model.train(was_training)
@@ -164,10 +171,7 @@ def run_trl(work: SharedWork, output_dir: str) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from hybridflow.rewards.answer_match import char_match
-    from hybridflow.rewards.gsm8k import gsm8k_score
-
-    score = {"char_match": char_match, "gsm8k": gsm8k_score}[work.reward]
+    score = scorer(work.reward)
     tokenizer = AutoTokenizer.from_pretrained(work.model_dir)
     on_gpu = torch.cuda.is_available()
     # fp32 weights, bf16 autocast (GRPOConfig bf16=True): the Trainer's mixed precision, as hybridflow keeps fp32
@@ -196,7 +200,7 @@ def run_trl(work: SharedWork, output_dir: str) -> dict:
 
         def evaluate(self, rl_step: int, model):
             if work.eval_every and rl_step % work.eval_every == 0:
-                acc = greedy_accuracy(model, tokenizer, eval_rows, work.response_length)
+                acc = greedy_accuracy(model, tokenizer, eval_rows, work.response_length, score)
                 accuracy.append({"step": rl_step, "samples": rl_step * work.samples, "accuracy": acc})
                 self.marks[-1] = time.perf_counter()  # eval time stays out of the next step's time
 

@@ -25,6 +25,18 @@ def test_work_follows_the_experiment_and_trl_stops_at_eos():
     assert kw["max_steps"] == 40 * work.optimizer_steps_per_rl_step and kw["loss_type"] == "dapo"
 
 
+def test_the_second_task_scores_with_its_own_rule_on_both_sides():
+    from benchmarks.trl_grpo import scorer
+    from hybridflow.rewards.word_order import word_order_score
+
+    cfg = load_experiment("grpo_smollm2_word_order", OVERRIDES)
+    work = trl_curve.shared_work(cfg, steps=40, eval_every=10, seed=1, trl_generation="hf")
+    assert work.task == "builtin:word_order" and scorer(work.reward) is word_order_score
+    with pytest.raises(Exception, match="reward.fn"):
+        trl_curve.shared_work(load_experiment("grpo_smollm2", [*OVERRIDES, "reward.fn=my.mod:fn"]), steps=40,
+                              eval_every=10, seed=1, trl_generation="hf")
+
+
 def test_eval_every_must_divide_the_steps():
     cfg = load_experiment("grpo_smollm2", OVERRIDES)
     with pytest.raises(Exception, match="--eval-every"):
