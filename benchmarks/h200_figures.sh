@@ -123,17 +123,19 @@ for s in "${stages[@]}"; do
     smollm2 | smollm2-vllm | trl-curve)
         # GRPO on SmolLM2-135M-Instruct, builtin:gsm8k_easy, held-out accuracy (benchmarks/trl_curve.py): hybridflow
         # with the native engine, with rollout=vllm, and TRL; one /tmp/curve/compare.json across calls (the machine
-        # keeps /tmp while it stays warm), archived whole into curve.tar.gz after each.
+        # keeps /tmp while it stays warm), archived whole into curve.tar.gz after each. CURVE_DIR=/tmp/<name> keeps
+        # a variant's runs apart (archived as <name>.tar.gz).
         case "$s" in
         smollm2) sides=(--sides hybridflow --) ;;
         smollm2-vllm) sides=(--sides hybridflow -- rollout=vllm) ;;
         trl-curve) sides=(--sides trl --) ;;
         esac
         # shellcheck disable=SC2086  # CURVE_ARGS: trl_curve's flags; CURVE_OVERRIDES: hydra overrides
-        stage "$s" "${CURVE_S:-540}" python3 -m benchmarks.trl_curve --out /tmp/curve --seeds "${SEEDS:-1}" \
+        curve_dir="${CURVE_DIR:-/tmp/curve}"
+        stage "$s" "${CURVE_S:-540}" python3 -m benchmarks.trl_curve --out "$curve_dir" --seeds "${SEEDS:-1}" \
             ${CURVE_ARGS:-} "${sides[@]}" ${CURVE_OVERRIDES:-}
-        tar -czf "$out/curve.tar.gz" -C /tmp --exclude='checkpoints' --exclude='final_hf' --exclude='tensorboard' \
-            --exclude='*.safetensors' curve ;;
+        tar -czf "$out/$(basename "$curve_dir").tar.gz" -C "$(dirname "$curve_dir")" --exclude='checkpoints' \
+            --exclude='final_hf' --exclude='tensorboard' --exclude='*.safetensors' "$(basename "$curve_dir")" ;;
     offload8b)
         # Llama-3-8B GRPO on one H200 with the optimizer partly offloaded (the planner picks the fraction that fits
         # GPU and host memory): peak host RSS from /usr/bin/time, GPU memory sampled by nvidia-smi every 2 s.
