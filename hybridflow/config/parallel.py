@@ -16,7 +16,8 @@ class ParallelConfig:
     """Degrees of one role's mesh. `dp=None` means: the role's GPU count / (tp * pp).
 
     `tp`/`pp`/`sequence_parallel` are None only in ref's defaults, meaning "the actor's"; after
-    `load_experiment` every role has integers here.
+    `load_experiment` every role has integers here. The planner turns these settings into the role's one
+    checked layout type, `hybridflow.placement.mesh.ParallelDims` (`planner.role_dims`).
     """
 
     tp: int | None = bounded(1, ge=1)

@@ -23,7 +23,7 @@ from hybridflow.placement.cluster import GPU, cluster_gpus
 from hybridflow.placement.generation import generation_mesh
 from hybridflow.placement.host_memory import HostMemoryEstimate, node_host_memory, writes_dist_checkpoints
 from hybridflow.placement.memory import GIB, MemoryEstimate, estimate_role_memory, rollout_shares_actor_weights
-from hybridflow.placement.mesh import Dims, ParallelDims, RoleMesh
+from hybridflow.placement.mesh import ParallelDims, RoleMesh
 from hybridflow.placement.offload import (
     offload_fractions,
     pick_offload_fraction,
@@ -151,7 +151,7 @@ def resolve_resources(cfg: ExperimentConfig) -> dict[str, tuple[int, ...]]:
     return ranks
 
 
-def role_dims(cfg: ExperimentConfig, role: str, n_gpus: int) -> Dims:
+def role_dims(cfg: ExperimentConfig, role: str, n_gpus: int) -> ParallelDims:
     """(tp, pp, dp) of a role on `n_gpus` GPUs; dp=None derives it."""
     par = cfg.roles.get(role).parallel
     tp, pp = par.tp, par.pp
@@ -161,14 +161,14 @@ def role_dims(cfg: ExperimentConfig, role: str, n_gpus: int) -> Dims:
                 f"placement.resources.{role}: {n_gpus} GPUs are not divisible by tp x pp = {tp} x {pp}; "
                 f"list a multiple of {tp * pp} GPUs or change roles.{role}.parallel"
             )
-        return Dims(tp=tp, pp=pp, dp=n_gpus // (tp * pp))
+        return ParallelDims(tp=tp, pp=pp, dp=n_gpus // (tp * pp))
     if tp * pp * par.dp != n_gpus:
         raise UserError(
             f"roles.{role}.parallel: tp x pp x dp = {tp} x {pp} x {par.dp} = {tp * pp * par.dp} but "
             f"placement.resources.{role} has {n_gpus} GPUs; set roles.{role}.parallel.dp=null to derive it "
             f"or list {tp * pp * par.dp} GPUs"
         )
-    return Dims(tp=tp, pp=pp, dp=par.dp)
+    return ParallelDims(tp=tp, pp=pp, dp=par.dp)
 
 
 def build_plan(
@@ -190,7 +190,7 @@ def build_plan(
             d = dims[role]
         else:
             par = cfg.roles.get(role).parallel
-            check_layout_fits_model(cfg, role, Dims(tp=par.tp, pp=par.pp, dp=1))  # name tp/pp errors first
+            check_layout_fits_model(cfg, role, ParallelDims(tp=par.tp, pp=par.pp, dp=1))  # name tp/pp errors first
             d = role_dims(cfg, role, len(role_rank_list))
         check_layout_fits_model(cfg, role, d)
         check_batch_sizes(cfg, role, d)
@@ -249,7 +249,8 @@ def _memory_by_rank(
     for role, mesh in meshes.items():
         model = cfg.role_model(role)
         per_stage = [
-            estimate_role_memory(model, role, mesh, cfg, stage=s, shares_actor_weights=shares and role == Role.ROLLOUT)
+            estimate_role_memory(model, role, mesh.dims, cfg, stage=s,
+                                 shares_actor_weights=shares and role == Role.ROLLOUT)
             for s in range(mesh.pp)
         ]
         for rank in mesh.ranks:

@@ -25,7 +25,7 @@ from hybridflow.placement.auto.strategy import Strategy
 from hybridflow.placement.auto.workload import ModelCostShape, RoleWork, Workload, split_rollout
 from hybridflow.placement.checks import check_batch_sizes
 from hybridflow.placement.memory import GIB, estimate_role_memory, offloaded_share, rollout_shares_actor_weights
-from hybridflow.placement.mesh import Dims
+from hybridflow.placement.mesh import ParallelDims
 from hybridflow.placement.offload import roles_to_pick
 from hybridflow.placement.planner import Plan, build_plan
 from hybridflow.placement.report import set_memory_bytes
@@ -70,8 +70,8 @@ def workload_from_config(cfg: ExperimentConfig) -> Workload:
                     rollout_engine=cfg.rollout.engine, rollout_lag=int(lag))
 
 
-def rollout_dims(s: Strategy) -> Dims:
-    return Dims(tp=s.gen_tp, pp=1, dp=s.gen_dp)
+def rollout_dims(s: Strategy) -> ParallelDims:
+    return ParallelDims(tp=s.gen_tp, pp=1, dp=s.gen_dp)
 
 
 def memory_from_config(cfg: ExperimentConfig) -> MemoryFn:
@@ -87,7 +87,7 @@ def memory_from_config(cfg: ExperimentConfig) -> MemoryFn:
             if role == Role.ROLLOUT:
                 own = estimate_role_memory(cfg.model, Role.ROLLOUT, rollout_dims(s), cfg)
                 return float(own.total), float(own.kv_cache)
-            est = estimate_role_memory(cfg.role_model(role), role, Dims(s.tp, s.pp, s.dp), cfg)
+            est = estimate_role_memory(cfg.role_model(role), role, ParallelDims(s.tp, s.pp, s.dp), cfg)
             if not s.gen_tp:
                 return float(est.total), 0.0
             shares = rollout_shares_actor_weights(cfg, True, s.tp, s.pp, s.gen_tp)
@@ -107,7 +107,7 @@ def search_config(cfg: ExperimentConfig, eff: Efficiency | None = None) -> Searc
     # A micro-batch that splits no batch even at DP 1 rules out every layout: a config error (the explicit
     # planner's own check, at DP 1), not "nothing fits".
     for role in workload.roles:
-        check_batch_sizes(cfg, role.name, Dims(tp=1, pp=1, dp=1))
+        check_batch_sizes(cfg, role.name, ParallelDims(tp=1, pp=1, dp=1))
     device = DeviceSpec.from_cluster(cfg.cluster)
     eff = eff or efficiency_for(cfg.cluster.gpu_type)
     # The estimator leaves out CUDA contexts, NCCL buffers and fragmentation: the search fills GPUs only up to
@@ -132,12 +132,12 @@ def search_config(cfg: ExperimentConfig, eff: Efficiency | None = None) -> Searc
 def plan_from_candidate(cfg: ExperimentConfig, cand: Candidate) -> Plan:
     """Role -> ranks and layouts of `cand`, checked and assembled by `build_plan`."""
     ranks: dict[str, tuple[int, ...]] = {}
-    dims: dict[str, Dims] = {}
+    dims: dict[str, ParallelDims] = {}
     for set_solution, rank_range in zip(cand.sets, cand.ranks, strict=True):
         for choice in set_solution.choices:
             s = choice.strategy
             ranks[choice.role] = tuple(rank_range)
-            dims[choice.role] = Dims(s.tp, s.pp, s.dp)  # a rollout of its own: its generation layout
+            dims[choice.role] = ParallelDims(s.tp, s.pp, s.dp)  # a rollout of its own: its generation layout
             if s.gen_tp and choice.role != Role.ROLLOUT:  # the actor's colocated rollout
                 ranks[Role.ROLLOUT] = tuple(rank_range)
                 dims[Role.ROLLOUT] = rollout_dims(s)
