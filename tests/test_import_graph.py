@@ -55,7 +55,8 @@ def import_graph() -> dict[str, set[str]]:
 
 # The layers, lowest first; a module belongs to the longest prefix listed (a package or a module).
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("hybridflow.errors", "hybridflow.registry", "hybridflow.units", "hybridflow.token_kinds"),
+    ("hybridflow.errors", "hybridflow.registry", "hybridflow.units", "hybridflow.token_kinds",
+     "hybridflow.role_records"),
     # records: leaves that take plain values (hybridflow.engines, hybridflow.families, hybridflow.tools)
     ("hybridflow.engines", "hybridflow.families", "hybridflow.tools"),
     ("hybridflow.config",),

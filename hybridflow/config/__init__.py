@@ -10,12 +10,7 @@ from hybridflow.config.experiment import ExperimentConfig, finalize_experiment
 from hybridflow.config.load import DEFAULT_EXPERIMENT, conf_dir, load_experiment, split_argv
 from hybridflow.config.model import DTYPE_BYTES, ModelConfig
 from hybridflow.config.parallel import (
-    MODEL_ROLES,
-    ROLES,
-    TRAINED_ROLES,
-    VALUE_HEAD_ROLES,
     ParallelConfig,
-    Role,
     RoleConfig,
     RolesConfig,
     RolloutParallelConfig,
@@ -29,10 +24,6 @@ __all__ = [
     "DEFAULT_EXPERIMENT",
     "DTYPE_BYTES",
     "GPU_DEFAULTS",
-    "MODEL_ROLES",
-    "ROLES",
-    "TRAINED_ROLES",
-    "VALUE_HEAD_ROLES",
     "AlgorithmConfig",
     "ClusterConfig",
     "DataConfig",
@@ -41,7 +32,6 @@ __all__ = [
     "ModelConfig",
     "ParallelConfig",
     "PlacementConfig",
-    "Role",
     "RewardConfig",
     "RoleConfig",
     "RolesConfig",

@@ -18,13 +18,14 @@ from hybridflow.config.model import (
     check_same_vocab,
     validate_model,
 )
-from hybridflow.config.parallel import MODEL_ROLES, RolesConfig
+from hybridflow.config.parallel import RolesConfig
 from hybridflow.config.placement import PlacementConfig
 from hybridflow.config.rollout import RolloutConfig
 from hybridflow.config.trainer import DistributedConfig, TrainerConfig
 from hybridflow.engines import AUTO, EngineRecord, get_engine
 from hybridflow.engines.vllm_args import check_engine_args
 from hybridflow.errors import UserError
+from hybridflow.role_records import model_roles, own_model_fields, role_record
 
 
 @dataclass
@@ -44,13 +45,15 @@ class ExperimentConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
+    def role_model_field(self, role: str) -> str:
+        """The field holding the model a role runs: its record's own field (critic_model, reward_model) when
+        set, else `model`."""
+        own = role_record(role).own_model_field
+        return own if own is not None and getattr(self, own) is not None else "model"
+
     def role_model(self, role: str) -> ModelConfig:
         """The model a role runs: critic and reward may name their own, the rest run `model`."""
-        if role == "critic" and self.critic_model is not None:
-            return self.critic_model
-        if role == "reward" and self.reward_model is not None:
-            return self.reward_model
-        return self.model
+        return getattr(self, self.role_model_field(role))
 
 
 def with_role_settings(cfg: ExperimentConfig, settings: Mapping[str, Mapping[str, Any]]) -> ExperimentConfig:
@@ -81,12 +84,12 @@ def finalize_experiment(cfg: ExperimentConfig, checkpoints: CheckpointResolver |
     `checkpoints` turns `packaged`/`keep_layers` into a checkpoint directory; only the launching process passes
     one (hybridflow.resolve), and ranks read the finished config from plan.json instead of finalizing again."""
     cfg.model = apply_hf_checkpoint(cfg.model, "model", checkpoints)
-    for name in ("critic_model", "reward_model"):
+    for name in own_model_fields():
         if getattr(cfg, name) is not None:
             setattr(cfg, name, apply_hf_checkpoint(getattr(cfg, name), name, checkpoints))
     check_bounds(cfg)
     check_engine_args(cfg.rollout.engine_args, cfg.rollout.gpu_memory_utilization)  # vLLM's own, before planning
-    for name in ("model", "critic_model", "reward_model"):
+    for name in ("model", *own_model_fields()):
         if getattr(cfg, name) is not None:
             validate_model(getattr(cfg, name), name)
             check_same_vocab(cfg.model, getattr(cfg, name), name)
@@ -140,7 +143,7 @@ def _inherit_ref_parallel(cfg: ExperimentConfig) -> None:
         cfg.roles.ref.max_tokens_per_micro_batch = cfg.roles.actor.max_tokens_per_micro_batch
     if cfg.roles.ref.forward_max_tokens is None:
         cfg.roles.ref.forward_max_tokens = cfg.roles.actor.forward_max_tokens
-    for role in MODEL_ROLES:  # the rollout's tp is never null (RolloutParallelConfig)
+    for role in model_roles():  # the rollout's tp is never null (RolloutParallelConfig)
         par = cfg.roles.get(role).parallel
         for name in ("tp", "pp", "sequence_parallel"):
             if getattr(par, name) is None:
@@ -179,7 +182,7 @@ def _check_lengths(cfg: ExperimentConfig) -> None:
             f"data.seq_length: {cfg.data.seq_length} exceeds model.max_position_embeddings="
             f"{cfg.model.max_position_embeddings}; lower it"
         )
-    for role in MODEL_ROLES:
+    for role in model_roles():
         budget = cfg.roles.get(role).max_tokens_per_micro_batch
         if cfg.roles.get(role).enabled and budget and budget < need:
             # A sample is never split over micro-batches: the budget must hold the longest one.

@@ -3,25 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import StrEnum
 
 from hybridflow.config.bounds import bounded
+from hybridflow.role_records import role_names
 
-
-class Role(StrEnum):
-    """A role's name. A member equals its string, so config keys and dicts keyed by "actor" keep working."""
-
-    ACTOR = "actor"
-    CRITIC = "critic"
-    REF = "ref"
-    REWARD = "reward"
-    ROLLOUT = "rollout"
-
-
-ROLES = tuple(Role)  # canonical order: actor, critic, ref, reward, rollout
-MODEL_ROLES = (Role.ACTOR, Role.CRITIC, Role.REF, Role.REWARD)  # roles that hold a megatron model
-TRAINED_ROLES = (Role.ACTOR, Role.CRITIC)  # roles with an optimizer
-VALUE_HEAD_ROLES = (Role.CRITIC, Role.REWARD)  # roles whose model ends in a scalar head, not the LM head
 # What each mode sets in megatron: hybridflow.roles.model_role.RECOMPUTE_OVERRIDES (same keys; a test ties them).
 RECOMPUTE_MODES = ("none", "selective", "full")
 
@@ -31,7 +16,8 @@ class ParallelConfig:
     """Degrees of one role's mesh. `dp=None` means: the role's GPU count / (tp * pp).
 
     `tp`/`pp`/`sequence_parallel` are None only in ref's defaults, meaning "the actor's"; after
-    `load_experiment` every role has integers here.
+    `load_experiment` every role has integers here. The planner turns these settings into the role's one
+    checked layout type, `hybridflow.placement.mesh.ParallelDims` (`planner.role_dims`).
     """
 
     tp: int | None = bounded(1, ge=1)
@@ -135,4 +121,4 @@ class RolesConfig:
 
     def enabled_roles(self) -> tuple[str, ...]:
         """Enabled roles in canonical order (actor, critic, ref, reward, rollout)."""
-        return tuple(r for r in ROLES if self.get(r).enabled)
+        return tuple(r for r in role_names() if self.get(r).enabled)

@@ -7,14 +7,13 @@ Imports only hybridflow.config, hybridflow.engines (the engine records' pure par
 from hybridflow.placement.cluster import GPU, cluster_gpus
 from hybridflow.placement.config_plan import plan_placement
 from hybridflow.placement.memory import GIB, MemoryEstimate, estimate_role_memory
-from hybridflow.placement.mesh import Dims, ParallelDims, RoleMesh
+from hybridflow.placement.mesh import ParallelDims, RoleMesh
 from hybridflow.placement.planner import Plan, build_plan, colocation_sets, resolve_resources
 from hybridflow.placement.resources import parse_gpu_list
 
 __all__ = [
     "GIB",
     "GPU",
-    "Dims",
     "MemoryEstimate",
     "ParallelDims",
     "Plan",

@@ -5,24 +5,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from hybridflow.config.experiment import ExperimentConfig, engine_of
-from hybridflow.config.parallel import TRAINED_ROLES
 from hybridflow.engines import engine_names, get_engine
 from hybridflow.errors import UserError
 from hybridflow.placement.cluster import GPU, nvlink_domain
 from hybridflow.placement.mesh import ParallelDims, RoleMesh
-
-
-def model_field(cfg: ExperimentConfig, role: str) -> str:
-    if role == "critic" and cfg.critic_model is not None:
-        return "critic_model"
-    if role == "reward" and cfg.reward_model is not None:
-        return "reward_model"
-    return "model"
+from hybridflow.role_records import Role, role_names, role_record
 
 
 def check_layout_fits_model(cfg: ExperimentConfig, role: str, dims: ParallelDims) -> None:
     """TP divides heads and query groups, PP divides layers, TP fits in one node / NVLink domain."""
-    model, mfield, field = cfg.role_model(role), model_field(cfg, role), f"roles.{role}.parallel"
+    model, mfield, field = cfg.role_model(role), cfg.role_model_field(role), f"roles.{role}.parallel"
     tp, pp = dims.tp, dims.pp
     if tp > cfg.cluster.gpus_per_node:
         raise UserError(
@@ -38,7 +30,7 @@ def check_layout_fits_model(cfg: ExperimentConfig, role: str, dims: ParallelDims
     if heads % tp:
         raise UserError(f"{field}.tp: {tp} does not divide {mfield}.num_attention_heads={heads}; use a divisor")
     # An engine that replicates KV heads (vLLM) takes a TP above them; megatron needs whole query groups per rank.
-    replicated_kv_ok = role == "rollout" and engine_of(cfg).traits.replicates_kv_heads and tp % groups == 0
+    replicated_kv_ok = role == Role.ROLLOUT and engine_of(cfg).traits.replicates_kv_heads and tp % groups == 0
     if groups % tp and not replicated_kv_ok:
         raise UserError(
             f"{field}.tp: {tp} does not divide {mfield}.num_key_value_heads={groups} (query groups); "
@@ -69,7 +61,7 @@ def check_tp_groups_local(mesh: RoleMesh, gpus: Sequence[GPU], cfg: ExperimentCo
 def check_batch_sizes(cfg: ExperimentConfig, role: str, dims: ParallelDims) -> None:
     """Batches split evenly over DP and micro-batches."""
     samples = cfg.data.train_batch_size * cfg.rollout.n_samples_per_prompt
-    if role == "rollout":
+    if role == Role.ROLLOUT:
         if cfg.data.train_batch_size % dims.dp:
             raise UserError(
                 f"data.train_batch_size: {cfg.data.train_batch_size} prompts do not split over the rollout's "
@@ -78,7 +70,7 @@ def check_batch_sizes(cfg: ExperimentConfig, role: str, dims: ParallelDims) -> N
         return
     mbs = cfg.roles.get(role).micro_batch_size
     unit = dims.dp * mbs
-    if role in TRAINED_ROLES:
+    if role_record(role).trained:
         if cfg.algorithm.mini_batch_size % unit:
             raise UserError(
                 f"algorithm.mini_batch_size: {cfg.algorithm.mini_batch_size} is not divisible by {role} dp x "
@@ -95,7 +87,7 @@ def check_batch_sizes(cfg: ExperimentConfig, role: str, dims: ParallelDims) -> N
 
 def check_colocation(cfg: ExperimentConfig, role_ranks: dict[str, tuple[int, ...]]) -> None:
     """A rollout sharing GPUs with the actor takes its exact GPU list; `placement.colocate` groups match."""
-    actor, rollout = role_ranks.get("actor"), role_ranks.get("rollout")
+    actor, rollout = role_ranks.get(Role.ACTOR), role_ranks.get(Role.ROLLOUT)
     if actor and rollout and set(actor) & set(rollout) and set(actor) != set(rollout):
         raise UserError(
             f"placement.resources.rollout: {list(rollout)} overlaps the actor's {list(actor)} without being "
@@ -107,7 +99,7 @@ def check_colocation(cfg: ExperimentConfig, role_ranks: dict[str, tuple[int, ...
         for role in group:
             if role not in cfg.roles.__dataclass_fields__:
                 raise UserError(
-                    f"placement.colocate[{i}]: unknown role {role!r}; use actor, critic, ref, reward, rollout"
+                    f"placement.colocate[{i}]: unknown role {role!r}; use {', '.join(role_names())}"
                 )
         for role in present[1:]:
             if set(role_ranks[role]) != set(role_ranks[present[0]]):
@@ -120,7 +112,7 @@ def check_colocation(cfg: ExperimentConfig, role_ranks: dict[str, tuple[int, ...
 
 def check_rollout_lag(cfg: ExperimentConfig, meshes: dict[str, RoleMesh]) -> None:
     """`trainer.rollout_lag=1` generates the next batch while the actor trains: the rollout needs its own GPUs."""
-    if not cfg.trainer.rollout_lag or "rollout" not in meshes or "actor" not in meshes:
+    if not cfg.trainer.rollout_lag or Role.ROLLOUT not in meshes or Role.ACTOR not in meshes:
         return
     engine = engine_of(cfg)
     if not engine.traits.supports_rollout_lag:
@@ -132,7 +124,7 @@ def check_rollout_lag(cfg: ExperimentConfig, meshes: dict[str, RoleMesh]) -> Non
             "of its own, and no multi-GPU machine was available to verify it); set trainer.rollout_lag=0, or "
             f"rollout.engine={' or '.join(lagging)} {own_gpus}"
         )
-    shared = sorted(set(meshes["actor"].ranks) & set(meshes["rollout"].ranks))
+    shared = sorted(set(meshes[Role.ACTOR].ranks) & set(meshes[Role.ROLLOUT].ranks))
     if shared:
         raise UserError(
             f"trainer.rollout_lag: 1 generates batch k+1 while the actor trains on batch k, but the rollout shares "
@@ -161,7 +153,7 @@ def memory_fixes(cfg: ExperimentConfig, roles: Sequence[str], offload_fractions:
     one_gpu = cfg.cluster.nodes * cfg.cluster.gpus_per_node == 1
     fixes = ["use more GPUs (cluster.gpus_per_node) and raise tp/pp or spread roles over them" if one_gpu
              else "raise tp/pp or spread roles over more GPUs"]
-    for role in (r for r in roles if r in TRAINED_ROLES):
+    for role in (r for r in roles if role_record(r).trained):
         settings = cfg.roles.get(role)
         if not settings.offload_optimizer:
             fixes.append(f"set roles.{role}.offload_optimizer=true")
@@ -169,13 +161,13 @@ def memory_fixes(cfg: ExperimentConfig, roles: Sequence[str], offload_fractions:
             fixes.append(f"raise roles.{role}.offload_fraction (now {offload_fractions[role]:g}) toward 1")
         if update_max_tokens.get(role, 0) > 0:
             fixes.append(f"lower roles.{role}.update_max_tokens (now {update_max_tokens[role]})")
-    for role in (r for r in roles if r != "rollout"):
+    for role in (r for r in roles if r != Role.ROLLOUT):
         mbs = cfg.roles.get(role).micro_batch_size
         if mbs is not None and mbs > 1:
             fixes.append(f"lower roles.{role}.micro_batch_size (now {mbs})")
-    if "rollout" in roles and _kv_cache_follows_utilization(cfg):
+    if Role.ROLLOUT in roles and _kv_cache_follows_utilization(cfg):
         fixes.append(f"lower rollout.gpu_memory_utilization (now {cfg.rollout.gpu_memory_utilization:g})")
-    elif "rollout" in roles:  # the cache holds the whole batch at full length
+    elif Role.ROLLOUT in roles:  # the cache holds the whole batch at full length
         fixes.append(f"lower data.train_batch_size (the rollout caches {cfg.data.train_batch_size} x "
                      f"{cfg.rollout.n_samples_per_prompt} sequences of {cfg.data.seq_length} tokens at once)")
     return fixes

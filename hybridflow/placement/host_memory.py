@@ -35,7 +35,6 @@ from dataclasses import dataclass
 
 from hybridflow.config.experiment import ExperimentConfig, engine_of
 from hybridflow.config.model import DTYPE_BYTES
-from hybridflow.config.parallel import MODEL_ROLES, TRAINED_ROLES, Role
 from hybridflow.placement.cluster import GPU
 from hybridflow.placement.memory import (
     GIB,
@@ -46,6 +45,7 @@ from hybridflow.placement.memory import (
     stage_params,
 )
 from hybridflow.placement.mesh import RoleMesh
+from hybridflow.role_records import Role, role_record
 
 HOST_OPTIMIZER_BYTES_PER_PARAM = 16  # fp32 master 4 + Adam moments 8 + pinned fp32 grad copy 4
 TRAINING_PROCESS_GIB = 3.0
@@ -90,10 +90,10 @@ def rank_host_memory(cfg: ExperimentConfig, meshes: Mapping[str, RoleMesh], rank
             if engine.weights_on_host_while_sleeping(cfg.rollout.sleep_level):
                 rollout += params * DTYPE_BYTES[cfg.rollout.dtype or model.dtype]
             continue
-        if role in MODEL_ROLES:
+        if role_record(role).holds_model:
             embedding = padded_vocab(model, mesh.tp) * model.hidden_size // mesh.tp
             hf_load = max(hf_load, 2 * embedding * DTYPE_BYTES[model.dtype])
-        if role not in TRAINED_ROLES:
+        if not role_record(role).trained:
             continue
         optimizer += offloaded_optimizer_bytes(cfg, role, mesh, stage)
         tp_rank, dp_rank, _ = mesh.coords(rank)

@@ -68,10 +68,11 @@ from typing import Self
 
 from hybridflow.config.experiment import ExperimentConfig, engine_of
 from hybridflow.config.model import DTYPE_BYTES, ModelConfig
-from hybridflow.config.parallel import TRAINED_ROLES, VALUE_HEAD_ROLES, Role, RoleConfig, micro_batch_split
+from hybridflow.config.parallel import RoleConfig, micro_batch_split
 from hybridflow.families import padded_vocab_size
 from hybridflow.placement.mesh import ParallelDims
 from hybridflow.placement.param_count import layer_matmul_params
+from hybridflow.role_records import Role, role_record
 from hybridflow.units import GIB  # noqa: F401  (placement re-exports it)
 
 GRAD_BYTES = 4  # fp32 main grads
@@ -123,7 +124,7 @@ def stage_params(model: ModelConfig, role: str, tp: int, pp: int, stage: int) ->
         params += embedding
     if stage == pp - 1:
         params += h  # final norm
-        if role in VALUE_HEAD_ROLES:
+        if role_record(role).scalar_head:
             params += h  # scalar head, replicated
         elif not model.tie_word_embeddings or pp > 1:
             params += embedding  # untied head, or the tied copy megatron keeps on the last stage
@@ -177,7 +178,7 @@ def micro_batch_shape(
     role_cfg = cfg.roles.get(role)
     seq, mbs = cfg.data.seq_length, role_cfg.micro_batch_size
     budget = token_budget(cfg, role) if packed else 0
-    if not budget and role in TRAINED_ROLES:
+    if not budget and role_record(role).trained:
         # the update's rows as ModelRole.micro_batches cuts this replica's share of a mini-batch
         count, rows = micro_batch_split(max(1, cfg.algorithm.mini_batch_size // dp),
                                         role_cfg.update_micro_batch_size(seq))
@@ -185,7 +186,7 @@ def micro_batch_shape(
     if not budget:
         return MicroBatchShape(rows=mbs, row_tokens=seq, attention_span=seq,
                                count=max(1, cfg.algorithm.mini_batch_size // (dp * mbs)))
-    samples = (cfg.algorithm.mini_batch_size if role in TRAINED_ROLES
+    samples = (cfg.algorithm.mini_batch_size if role_record(role).trained
                else cfg.data.train_batch_size * cfg.rollout.n_samples_per_prompt)
     per_replica = max(1, math.ceil(samples / dp))
     longest = min(cfg.data.max_prompt_length + cfg.rollout.max_new_tokens, seq)
@@ -213,7 +214,7 @@ def estimate_role_memory(
         )
     role_cfg = cfg.roles.get(role)
     params = stage_params(model, role, tp, pp, stage)
-    if role == "rollout":
+    if role == Role.ROLLOUT:
         weights = 0 if shares_actor_weights else params * DTYPE_BYTES[cfg.rollout.dtype or model.dtype]
         return _rollout_memory(model, tp, pp, dp, cfg, weights)
     weights = params * DTYPE_BYTES[model.dtype]
@@ -224,7 +225,7 @@ def estimate_role_memory(
         # The warm-up's padded micro-batches run on the same GPUs: the run needs room for the larger.
         padded = micro_batch_shape(cfg, role, dp, pad_to, packed=False)
         activations = max(activations, _activation_bytes(model, role, dims, cfg, stage, padded))
-    if role not in TRAINED_ROLES:
+    if not role_record(role).trained:
         return MemoryEstimate(weights=weights, activations=activations)
     optimizer = math.ceil(optimizer_bytes(model, params, dp) * (1 - offloaded_share(role_cfg)))
     return MemoryEstimate(weights=weights, grads=params * GRAD_BYTES, optimizer=optimizer, activations=activations)
@@ -270,7 +271,7 @@ def _activation_bytes(
     # rows x row_tokens, in this order, keeps unpacked figures bit-identical to the mbs x seq form.
     seq, mbs = shape.row_tokens, shape.rows
     per_layer = activation_bytes_per_token_layer(model, shape.attention_span, tp, sp, role_cfg.activation_recompute)
-    lm_head = role in (Role.ACTOR, Role.REF) and stage == pp - 1
+    lm_head = role_record(role).head == "lm" and stage == pp - 1
     chunk = logit_chunk_bytes(model, tp)
     logits = seq * mbs * logit_bytes(model, tp, trained=True) + chunk if lm_head else 0
     # Forward-only passes (ref / old log-probs, values, rewards) of padded rows run
@@ -280,7 +281,7 @@ def _activation_bytes(
     fwd_rows = mbs if token_budget(cfg, role) else max(
         role_cfg.micro_batch_size, min(role_cfg.forward_micro_batch_size(cfg.data.seq_length), step_rows))
     fwd_logits = seq * fwd_rows * logit_bytes(model, tp, trained=False) + chunk if lm_head else 0
-    if role not in TRAINED_ROLES:
+    if not role_record(role).trained:
         return int(per_layer * seq * fwd_rows) + fwd_logits
     full_layer = activation_bytes_per_token_layer(model, shape.attention_span, tp, sp, "selective")
     forward_only = int(full_layer * seq * fwd_rows) + fwd_logits  # no grad: nothing recomputed, one layer live

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from numbers import Integral
 
 import numpy as np
 
@@ -11,21 +11,26 @@ import numpy as np
 DIM_NAMES = ("tp", "dp", "pp")
 
 
-class ParallelDims(Protocol):
-    """Anything with integer tp/pp/dp (a RoleMesh, or a candidate layout in the auto planner)."""
-
-    tp: int
-    pp: int
-    dp: int
-
-
 @dataclass(frozen=True)
-class Dims:
-    """A plain (tp, pp, dp) triple satisfying ParallelDims."""
+class ParallelDims:
+    """A role's layout: tensor-, pipeline- and data-parallel degrees, each a positive integer (checked here,
+    once, so every holder can trust them). The auto planner's `Strategy` is one with a generation TP added;
+    `RoleMesh` checks its degrees through this type and hands them out as `dims`."""
 
     tp: int
     pp: int
     dp: int
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "pp", "dp"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
+                raise ValueError(f"{type(self).__name__}.{name}: {value!r} is not a positive integer")
+
+    @property
+    def size(self) -> int:
+        """GPUs the layout spans: tp x pp x dp."""
+        return self.tp * self.pp * self.dp
 
 
 @dataclass(frozen=True)
@@ -44,8 +49,12 @@ class RoleMesh:
     dp: int
 
     def __post_init__(self) -> None:
-        if len(self.ranks) != self.tp * self.pp * self.dp:
-            raise ValueError(f"{self.role}: {len(self.ranks)} ranks != tp*pp*dp = {self.tp * self.pp * self.dp}")
+        if len(self.ranks) != self.dims.size:  # `dims` checks the degrees themselves
+            raise ValueError(f"{self.role}: {len(self.ranks)} ranks != tp*pp*dp = {self.dims.size}")
+
+    @property
+    def dims(self) -> ParallelDims:
+        return ParallelDims(self.tp, self.pp, self.dp)
 
     @property
     def size(self) -> int:

@@ -12,14 +12,14 @@ import math
 from collections.abc import Callable, Mapping
 
 from hybridflow.config.experiment import ExperimentConfig, with_role_settings
-from hybridflow.config.parallel import TRAINED_ROLES
+from hybridflow.role_records import role_record
 
 OFFLOAD_FRACTION_STEP = 0.05
 
 
 def roles_to_pick(cfg: ExperimentConfig, roles: tuple[str, ...]) -> tuple[str, ...]:
     """The trained roles among `roles` that offload with the share left to the planner."""
-    return tuple(r for r in roles if r in TRAINED_ROLES and cfg.roles.get(r).offload_optimizer
+    return tuple(r for r in roles if role_record(r).trained and cfg.roles.get(r).offload_optimizer
                  and cfg.roles.get(r).offload_fraction is None)
 
 
@@ -31,7 +31,7 @@ def with_offload_fraction(cfg: ExperimentConfig, roles: tuple[str, ...], fractio
 def offload_fractions(cfg: ExperimentConfig, roles: tuple[str, ...]) -> dict[str, float]:
     """Role -> the share of its optimizer on the host, for the roles of `roles` that offload (resolved cfg)."""
     return {r: float(cfg.roles.get(r).offload_fraction if cfg.roles.get(r).offload_fraction is not None else 1.0)
-            for r in roles if r in TRAINED_ROLES and cfg.roles.get(r).offload_optimizer}
+            for r in roles if role_record(r).trained and cfg.roles.get(r).offload_optimizer}
 
 
 def pick_offload_fraction(

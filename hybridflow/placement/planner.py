@@ -9,7 +9,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from hybridflow.config.experiment import ExperimentConfig
-from hybridflow.config.parallel import ROLES, Role
 from hybridflow.errors import UserError
 from hybridflow.placement.checks import (
     check_batch_sizes,
@@ -24,7 +23,7 @@ from hybridflow.placement.cluster import GPU, cluster_gpus
 from hybridflow.placement.generation import generation_mesh
 from hybridflow.placement.host_memory import HostMemoryEstimate, node_host_memory, writes_dist_checkpoints
 from hybridflow.placement.memory import GIB, MemoryEstimate, estimate_role_memory, rollout_shares_actor_weights
-from hybridflow.placement.mesh import Dims, ParallelDims, RoleMesh
+from hybridflow.placement.mesh import ParallelDims, RoleMesh
 from hybridflow.placement.offload import (
     offload_fractions,
     pick_offload_fraction,
@@ -38,6 +37,7 @@ from hybridflow.placement.update_budget import (
     update_max_tokens,
     with_update_max_tokens,
 )
+from hybridflow.role_records import ROLE_RECORDS, Role, role_names
 
 
 @dataclass
@@ -135,14 +135,14 @@ def resolve_resources(cfg: ExperimentConfig) -> dict[str, tuple[int, ...]]:
     """Enabled role -> ordered global ranks from `placement.resources` (ref defaults to the actor's)."""
     resources = cfg.placement.resources
     for role in resources:
-        if role not in ROLES:
-            raise UserError(f"placement.resources.{role}: unknown role; use one of {', '.join(ROLES)}")
+        if role not in ROLE_RECORDS:
+            raise UserError(f"placement.resources.{role}: unknown role; use one of {', '.join(role_names())}")
     ranks: dict[str, tuple[int, ...]] = {}
     for role in cfg.roles.enabled_roles():
         if role in resources:
             ranks[role] = parse_gpu_list(resources[role], cfg.cluster, f"placement.resources.{role}")
-        elif role == "ref" and "actor" in ranks:
-            ranks[role] = ranks["actor"]
+        elif role == Role.REF and Role.ACTOR in ranks:
+            ranks[role] = ranks[Role.ACTOR]
         else:
             raise UserError(
                 f"placement.resources.{role}: no GPUs for enabled role {role}; list them "
@@ -151,7 +151,7 @@ def resolve_resources(cfg: ExperimentConfig) -> dict[str, tuple[int, ...]]:
     return ranks
 
 
-def role_dims(cfg: ExperimentConfig, role: str, n_gpus: int) -> Dims:
+def role_dims(cfg: ExperimentConfig, role: str, n_gpus: int) -> ParallelDims:
     """(tp, pp, dp) of a role on `n_gpus` GPUs; dp=None derives it."""
     par = cfg.roles.get(role).parallel
     tp, pp = par.tp, par.pp
@@ -161,14 +161,14 @@ def role_dims(cfg: ExperimentConfig, role: str, n_gpus: int) -> Dims:
                 f"placement.resources.{role}: {n_gpus} GPUs are not divisible by tp x pp = {tp} x {pp}; "
                 f"list a multiple of {tp * pp} GPUs or change roles.{role}.parallel"
             )
-        return Dims(tp=tp, pp=pp, dp=n_gpus // (tp * pp))
+        return ParallelDims(tp=tp, pp=pp, dp=n_gpus // (tp * pp))
     if tp * pp * par.dp != n_gpus:
         raise UserError(
             f"roles.{role}.parallel: tp x pp x dp = {tp} x {pp} x {par.dp} = {tp * pp * par.dp} but "
             f"placement.resources.{role} has {n_gpus} GPUs; set roles.{role}.parallel.dp=null to derive it "
             f"or list {tp * pp * par.dp} GPUs"
         )
-    return Dims(tp=tp, pp=pp, dp=par.dp)
+    return ParallelDims(tp=tp, pp=pp, dp=par.dp)
 
 
 def build_plan(
@@ -182,7 +182,7 @@ def build_plan(
     """
     check_rollout_engine(cfg)
     gpus = cluster_gpus(cfg.cluster)
-    ranks = {r: tuple(role_ranks[r]) for r in ROLES if r in role_ranks}
+    ranks = {r: tuple(role_ranks[r]) for r in role_names() if r in role_ranks}
     check_colocation(cfg, ranks)
     meshes: dict[str, RoleMesh] = {}
     for role, role_rank_list in ranks.items():
@@ -190,13 +190,13 @@ def build_plan(
             d = dims[role]
         else:
             par = cfg.roles.get(role).parallel
-            check_layout_fits_model(cfg, role, Dims(tp=par.tp, pp=par.pp, dp=1))  # name tp/pp errors first
+            check_layout_fits_model(cfg, role, ParallelDims(tp=par.tp, pp=par.pp, dp=1))  # name tp/pp errors first
             d = role_dims(cfg, role, len(role_rank_list))
         check_layout_fits_model(cfg, role, d)
         check_batch_sizes(cfg, role, d)
         mesh = RoleMesh(role=role, ranks=role_rank_list, tp=d.tp, pp=d.pp, dp=d.dp)
-        if role == Role.ROLLOUT and Role.ACTOR in meshes:  # ROLES order: the actor's mesh exists by now
-            mesh = generation_mesh(meshes["actor"], mesh)  # the order the run builds its TP groups in
+        if role == Role.ROLLOUT and Role.ACTOR in meshes:  # role order: the actor's mesh exists by now
+            mesh = generation_mesh(meshes[Role.ACTOR], mesh)  # the order the run builds its TP groups in
         check_tp_groups_local(mesh, gpus, cfg)
         meshes[role] = mesh
     rank_roles = {g.rank: tuple(r for r in meshes if g.rank in meshes[r].ranks) for g in gpus}
@@ -242,14 +242,15 @@ def build_plan(
 def _memory_by_rank(
     cfg: ExperimentConfig, meshes: dict[str, RoleMesh], gpus: tuple[GPU, ...]
 ) -> dict[int, dict[str, MemoryEstimate]]:
-    actor, rollout = meshes.get("actor"), meshes.get("rollout")
+    actor, rollout = meshes.get(Role.ACTOR), meshes.get(Role.ROLLOUT)
     shares = (actor is not None and rollout is not None and rollout_shares_actor_weights(
         cfg, set(actor.ranks) == set(rollout.ranks), actor.tp, actor.pp, rollout.tp))
     out: dict[int, dict[str, MemoryEstimate]] = {g.rank: {} for g in gpus}
     for role, mesh in meshes.items():
         model = cfg.role_model(role)
         per_stage = [
-            estimate_role_memory(model, role, mesh, cfg, stage=s, shares_actor_weights=shares and role == "rollout")
+            estimate_role_memory(model, role, mesh.dims, cfg, stage=s,
+                                 shares_actor_weights=shares and role == Role.ROLLOUT)
             for s in range(mesh.pp)
         ]
         for rank in mesh.ranks:
@@ -268,7 +269,7 @@ def colocation_sets(meshes: Mapping[str, RoleMesh]) -> list[tuple[str, ...]]:
             merged_ranks |= s[1]
         sets.append((merged_roles, merged_ranks))
     sets.sort(key=lambda s: min(s[1]))
-    return [tuple(r for r in ROLES if r in roles) for roles, _ in sets]
+    return [tuple(r for r in role_names() if r in roles) for roles, _ in sets]
 
 
 def check_memory(plan: Plan, cfg: ExperimentConfig) -> None:

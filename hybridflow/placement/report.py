@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
+
+from hybridflow.placement.host_memory import HostMemoryEstimate
 from hybridflow.placement.memory import GIB
 from hybridflow.placement.planner import Plan
 
@@ -86,7 +89,7 @@ def format_plan(plan: Plan) -> str:
 
 def _host_table(plan: Plan) -> list[str]:
     """One row per node: host memory by part (GiB), against cluster.host_memory_gib."""
-    parts = ("processes", "optimizer", "rollout", "checkpoint", "hf_load")
+    parts = tuple(f.name for f in fields(HostMemoryEstimate))
     header = ["node", *parts, "total", "capacity", "use"]
     rows = []
     for node, mem in plan.host_memory.items():

@@ -19,8 +19,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from hybridflow.config.experiment import ExperimentConfig, with_role_settings
-from hybridflow.config.parallel import TRAINED_ROLES, micro_batch_split
+from hybridflow.config.parallel import micro_batch_split
 from hybridflow.placement.mesh import RoleMesh
+from hybridflow.role_records import role_record
 
 # Beyond ~16k tokens a micro-batch keeps even a 135M model's kernels busy: more only costs activation memory.
 UPDATE_BUDGET_CAP = 16384
@@ -28,7 +29,7 @@ UPDATE_BUDGET_CAP = 16384
 
 def budget_roles_to_pick(cfg: ExperimentConfig, roles: tuple[str, ...]) -> tuple[str, ...]:
     """The trained roles among `roles` whose update_max_tokens is left to the planner."""
-    return tuple(r for r in roles if r in TRAINED_ROLES and cfg.roles.get(r).update_max_tokens is None)
+    return tuple(r for r in roles if role_record(r).trained and cfg.roles.get(r).update_max_tokens is None)
 
 
 def with_update_max_tokens(cfg: ExperimentConfig, roles: tuple[str, ...], tokens: int) -> ExperimentConfig:
@@ -38,7 +39,7 @@ def with_update_max_tokens(cfg: ExperimentConfig, roles: tuple[str, ...], tokens
 
 def update_max_tokens(cfg: ExperimentConfig, roles: tuple[str, ...]) -> dict[str, int]:
     """Trained role of `roles` -> its update token budget (resolved cfg; unset counts as 0)."""
-    return {r: cfg.roles.get(r).update_max_tokens or 0 for r in roles if r in TRAINED_ROLES}
+    return {r: cfg.roles.get(r).update_max_tokens or 0 for r in roles if role_record(r).trained}
 
 
 def budget_candidates(cfg: ExperimentConfig, roles: tuple[str, ...]) -> list[int]:

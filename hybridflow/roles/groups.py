@@ -8,6 +8,7 @@ import torch.distributed as dist
 from megatron.core.process_groups_config import ProcessGroupCollection
 
 from hybridflow.placement import RoleMesh
+from hybridflow.role_records import role_record
 from megatron_adapters.process_groups import build_role_groups
 
 
@@ -34,7 +35,7 @@ class TrainingGroup:
 
 def build_training_group(meshes: dict[str, RoleMesh]) -> TrainingGroup:
     """Collective over the world (every rank creates the same group, or none when it would be the world)."""
-    ranks = tuple(sorted({r for role, m in meshes.items() if role != "rollout" for r in m.ranks}))
+    ranks = tuple(sorted({r for role, m in meshes.items() if role_record(role).holds_model for r in m.ranks}))
     if len(ranks) == dist.get_world_size():
         return TrainingGroup(ranks, None)
     return TrainingGroup(ranks, dist.new_group(list(ranks)))

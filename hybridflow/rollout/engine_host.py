@@ -42,6 +42,7 @@ import torch.multiprocessing as mp
 from hybridflow.launch.lifeline import die_with_parent, watch
 from hybridflow.launch.ports import free_port
 from hybridflow.placement import RoleMesh
+from hybridflow.role_records import Role
 from hybridflow.rollout.base import RolloutBatch, RolloutEngine, SamplingParams
 
 ALIGN = 64  # staging offsets in elements: keeps every view aligned for vectorised copies
@@ -187,7 +188,7 @@ def spawn_engine_process(mesh: RoleMesh, device: torch.device, preload: tuple[st
     env.update(RANK=str(mesh.ranks.index(rank)), WORLD_SIZE=str(mesh.size), MASTER_PORT=str(port),
                LOCAL_RANK=str(device.index or 0) if device.type == "cuda" else "0",
                MASTER_ADDR="127.0.0.1" if host == socket.gethostname() else host)
-    engine_mesh = RoleMesh("rollout", tuple(range(mesh.size)), tp=mesh.tp, pp=mesh.pp, dp=mesh.dp)
+    engine_mesh = RoleMesh(Role.ROLLOUT, tuple(range(mesh.size)), tp=mesh.tp, pp=mesh.pp, dp=mesh.dp)
     ctx = mp.get_context("spawn")
     conn, child_conn = ctx.Pipe()
     process = ctx.Process(target=serve, args=(child_conn, env, device.type, tuple(preload), timeout_s, warm),

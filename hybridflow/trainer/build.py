@@ -12,13 +12,14 @@ from pathlib import Path
 from transformers import PreTrainedTokenizerBase
 
 from hybridflow.algorithms import build_algorithm, build_kl_controller
-from hybridflow.config import MODEL_ROLES, TRAINED_ROLES, ExperimentConfig
+from hybridflow.config import ExperimentConfig
 from hybridflow.config.experiment import lr_decay_steps
 from hybridflow.config.model import torch_dtype
 from hybridflow.data import PromptDataset, load_prompt_dataset, load_tokenizer
 from hybridflow.data.vocabulary import stop_token_ids
 from hybridflow.errors import UserError
 from hybridflow.placement import Plan
+from hybridflow.role_records import Role, model_roles, role_record
 from hybridflow.roles.groups import build_groups, build_training_group
 from hybridflow.roles.model_role import (
     ModelRole,
@@ -40,14 +41,11 @@ def optimizer_settings(cfg: ExperimentConfig, role: str, offload_share: float) -
     """A trained role's optimizer knobs from `trainer.*` (lr, its schedule, clipping) and the planner's
     offload share (0 = no offload)."""
     tr = cfg.trainer
-    lr = tr.critic_lr or tr.lr if role == "critic" else tr.lr
+    lr = tr.critic_lr or tr.lr if role == Role.CRITIC else tr.lr
     return OptimizerSettings(lr=lr, weight_decay=tr.weight_decay, grad_clip=tr.grad_clip,
                              lr_warmup_steps=tr.lr_warmup_steps, lr_decay_style=tr.lr_decay_style,
                              lr_decay_steps=lr_decay_steps(cfg), min_lr=tr.min_lr,
                              offload_optimizer=offload_share > 0, offload_fraction=offload_share or 1.0)
-
-
-HEADS = {"actor": "lm", "ref": "lm", "critic": "value", "reward": "reward"}
 
 
 @dataclass
@@ -78,17 +76,18 @@ def build_run(cfg: ExperimentConfig, plan: Plan, work_dir: Path) -> BuiltRun:
     # The plan holds the rollout in generation order; the bridge's reshard plan (who sends which shards to
     # whom) comes from its two meshes. Then every role's groups are built, collectively.
     meshes = plan.meshes
-    reshard_plan = build_reshard_plan(meshes["actor"], meshes["rollout"])
+    reshard_plan = build_reshard_plan(meshes[Role.ACTOR], meshes[Role.ROLLOUT])
     groups = build_groups(meshes)
     training = build_training_group(meshes)
-    setup = EngineSetup(rollout=cfg.rollout, mesh=meshes["rollout"], groups=groups["rollout"], hf_dir=hf_dir,
+    setup = EngineSetup(rollout=cfg.rollout, mesh=meshes[Role.ROLLOUT], groups=groups[Role.ROLLOUT], hf_dir=hf_dir,
                         dtype=torch_dtype(cfg.rollout.dtype or cfg.model.dtype), device=device,
                         seed=cfg.trainer.seed, timeout_s=cfg.distributed.timeout_s)
     started = start_rollout(plan.rollout_engine, setup)  # an engine process imports while the models build
 
     roles: dict[str, ModelRole] = {}
-    for role in MODEL_ROLES:
-        trained = role in TRAINED_ROLES
+    for role in model_roles():
+        record = role_record(role)
+        trained = record.trained
         if role not in meshes:
             continue
         if groups[role] is None:
@@ -110,7 +109,7 @@ def build_run(cfg: ExperimentConfig, plan: Plan, work_dir: Path) -> BuiltRun:
                 f"or roles.{role}.parallel.sequence_parallel=false"
             )
         roles[role] = build_model_role(
-            role, meshes[role], groups[role], model_dirs[role], HEADS[role], torch_dtype(cfg.role_model(role).dtype),
+            role, meshes[role], groups[role], model_dirs[role], record.head, torch_dtype(cfg.role_model(role).dtype),
             role_cfg.micro_batch_size,
             optimizer=settings if trained else None, seed=cfg.trainer.seed,
             max_tokens_per_micro_batch=role_cfg.max_tokens_per_micro_batch or 0,
@@ -121,11 +120,11 @@ def build_run(cfg: ExperimentConfig, plan: Plan, work_dir: Path) -> BuiltRun:
 
     sampling = rollout_sampling(cfg, tokenizer)
     rollout = build_rollout_role(plan.rollout_engine, setup, reshard_plan, sampling, started)  # the plan's engine
-    rollout.sync(roles.get("actor"))  # the engine starts from the actor's weights, through the bridge
+    rollout.sync(roles.get(Role.ACTOR))  # the engine starts from the actor's weights, through the bridge
     alg = cfg.algorithm
     trainer = RLTrainer(
         cfg=cfg, roles=roles, meshes=meshes, rollout=rollout,
-        scorer=build_scorer(cfg, tokenizer, roles.get("reward"), meshes.get("reward"), device),
+        scorer=build_scorer(cfg, tokenizer, roles.get(Role.REWARD), meshes.get(Role.REWARD), device),
         kl_ctl=build_kl_controller(alg.kl_controller, alg.kl_coef, alg.kl_target, alg.kl_horizon),
         algorithm=build_algorithm(cfg),
         device=device, training=training,

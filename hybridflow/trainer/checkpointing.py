@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 
-from hybridflow.config.parallel import TRAINED_ROLES
+from hybridflow.role_records import trained_roles
 from hybridflow.roles.model_role import ModelRole
 from hybridflow.trainer.checkpoint_record import write_record
 from hybridflow.trainer.rank_state import rank_file, read_rank_state, write_rank_state
@@ -53,7 +53,7 @@ def save(root: Path, step: int, roles: dict[str, ModelRole], rank_state: dict, f
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
     dist.barrier()
-    held = [name for name in TRAINED_ROLES if name in roles]
+    held = [name for name in trained_roles() if name in roles]
     save_models(partial, {name: (roles[name].model, roles[name].optimizer.optimizer) for name in held})
     schedulers = {name: roles[name].optimizer.scheduler.state_dict() for name in held}
     write_rank_state(rank_file(partial, dist.get_rank()), {**rank_state, "rng": _rng_state(),
@@ -74,7 +74,7 @@ def load(path: Path, roles: dict[str, ModelRole]) -> dict:
     The rank state is read first: a file that is not plain data stops this rank before any collective."""
     rank_state = read_rank_state(rank_file(path, dist.get_rank()))
     load_models(path, {name: (roles[name].model, roles[name].optimizer.optimizer)
-                       for name in TRAINED_ROLES if name in roles})
+                       for name in trained_roles() if name in roles})
     for name, sched in rank_state.pop("schedulers").items():
         roles[name].optimizer.scheduler.load_state_dict(sched)
     _set_rng_state(rank_state.pop("rng"))

@@ -13,6 +13,7 @@ from hybridflow.data import PromptLoader, collate_prompts, collate_sft
 from hybridflow.data.step_batch import StepBatch, pad_columns
 from hybridflow.errors import UserError
 from hybridflow.placement import Plan
+from hybridflow.role_records import Role
 from hybridflow.roles.model_role import copy_weights
 from hybridflow.trainer import checkpointing
 from hybridflow.trainer.build import build_run
@@ -39,7 +40,7 @@ def warmup(trainer, loader: PromptLoader, tokenizer, cfg: ExperimentConfig, log:
     steps = cfg.trainer.warmup_sft_steps
     if not steps:
         return
-    actor = trainer.roles.get("actor")
+    actor = trainer.roles.get(Role.ACTOR)
     for step in range(steps):
         rows = loader.next_rows() * cfg.rollout.n_samples_per_prompt
         if "answer" not in rows[0]:
@@ -53,7 +54,7 @@ def warmup(trainer, loader: PromptLoader, tokenizer, cfg: ExperimentConfig, log:
             with actor.learning_rate(cfg.trainer.sft_lr or cfg.trainer.lr):
                 metrics = trainer.warmup(tensors)
         log.log(step + 1, metrics if actor is not None else {}, phase="sft")
-    copy_weights(actor, trainer.roles.get("ref"), sft_dir, hf_dir)
+    copy_weights(actor, trainer.roles.get(Role.REF), sft_dir, hf_dir)
     trainer.rollout.sync(actor)
 
 
@@ -68,8 +69,8 @@ def _resume_reference(trainer, saved: Path, sft_dir: Path) -> None:
     """Load the warm-up's SFT model (the reference) from the run that wrote the checkpoint. Resumed into
     another output directory, rank 0 also copies it there, so that a later resume of this directory finds
     it beside its own checkpoints (written aside and renamed: a copy cut short is never read)."""
-    if "ref" in trainer.roles:
-        trainer.roles["ref"].load_hf(saved)
+    if Role.REF in trainer.roles:
+        trainer.roles[Role.REF].load_hf(saved)
     if dist.get_rank() == 0 and saved.is_dir() and not sft_dir.exists():
         aside = sft_dir.with_name(f".{sft_dir.name}.copy")
         shutil.rmtree(aside, ignore_errors=True)
@@ -98,7 +99,7 @@ def train(cfg: ExperimentConfig, plan: Plan) -> dict[str, float]:
         trainer.rollout.step, start = state["rollout_step"], state["step"]
         trainer.steps_done = start
         trainer.ready = state.get("ready")  # lag 1: the batch generated before the checkpoint, not yet trained on
-        trainer.rollout.sync(trainer.roles.get("actor"))
+        trainer.rollout.sync(trainer.roles.get(Role.ACTOR))
         if cfg.trainer.warmup_sft_steps:
             _resume_reference(trainer, sft_model_dir(resume_from), sft_dir)
         if dist.get_rank() == 0:  # the interrupted run's records past the checkpoint are logged again below
@@ -131,7 +132,7 @@ def train(cfg: ExperimentConfig, plan: Plan) -> dict[str, float]:
             checkpointing.save(ckpt_root, step + 1, trainer.roles, {
                 "step": step + 1, "loader": loader.state_dict(), "kl": trainer.kl_ctl.state_dict(),
                 "rollout_step": trainer.rollout.step, "ready": trainer.ready}, fingerprint(cfg, plan))
-    if "actor" in trainer.roles:
-        trainer.roles["actor"].save_hf(work_dir / "final_hf", built.hf_dir)
+    if Role.ACTOR in trainer.roles:
+        trainer.roles[Role.ACTOR].save_hf(work_dir / "final_hf", built.hf_dir)
     log.close()
     return metrics

@@ -17,9 +17,10 @@ import torch
 import torch.distributed as dist
 import transformers
 
-from hybridflow.config import MODEL_ROLES, VALUE_HEAD_ROLES, ExperimentConfig, ModelConfig
+from hybridflow.config import ExperimentConfig, ModelConfig
 from hybridflow.data import build_char_tokenizer
 from hybridflow.data.vocabulary import char_alphabet
+from hybridflow.role_records import model_roles, role_record
 
 
 def random_hf_checkpoint(model: ModelConfig, out_dir: Path, seed: int) -> None:
@@ -42,8 +43,8 @@ def random_hf_checkpoint(model: ModelConfig, out_dir: Path, seed: int) -> None:
 
 def role_model_dirs(cfg: ExperimentConfig, work_dir: Path, hf_dir: str) -> dict[str, str]:
     """HF checkpoint dir per model role: the policy's `hf_dir` unless the role names its own model."""
-    dirs = {role: hf_dir for role in MODEL_ROLES}
-    for role in VALUE_HEAD_ROLES:
+    dirs = {role: hf_dir for role in model_roles()}
+    for role in (r for r in dirs if role_record(r).own_model_field is not None):
         model = cfg.role_model(role)
         if model is not cfg.model:
             dirs[role] = model.path or str(work_dir / f"init_{role}_model")

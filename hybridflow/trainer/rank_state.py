@@ -17,14 +17,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from hybridflow.config.parallel import Role
 from hybridflow.data.step_batch import StepBatch
 from hybridflow.errors import UserError
+from hybridflow.role_records import Role
 
 # The types a rank file may contain beyond what weights_only allows anyway. numpy's array pickles through its
 # module's `_reconstruct`, taken from numpy's own reduction so no private module path is spelled here.
 _ALLOWED = [StepBatch, Role, np.zeros(1).__reduce__()[0], np.ndarray, np.dtype, np.dtypes.UInt32DType]
-_ALLOWED_NAMES = {f"{t.__module__}.{t.__qualname__}" for t in _ALLOWED}
+# Types allowed under the name an older program wrote them with: Role lived in hybridflow.config.parallel.
+_FORMER_NAMES = [(Role, "hybridflow.config.parallel.Role")]
+_ALLOWED_NAMES = {f"{t.__module__}.{t.__qualname__}" for t in _ALLOWED} | {name for _, name in _FORMER_NAMES}
 
 
 def rank_file(ckpt_dir: Path, rank: int) -> Path:
@@ -64,7 +66,7 @@ def check_rank_file(path: Path) -> None:
 def read_rank_state(path: Path) -> dict[str, Any]:
     """The state in `path`, rebuilt from tensors and plain data only; UserError naming the file otherwise."""
     try:
-        with torch.serialization.safe_globals(_ALLOWED):
+        with torch.serialization.safe_globals([*_ALLOWED, *_FORMER_NAMES]):
             return torch.load(path, weights_only=True, map_location="cpu")
     except pickle.UnpicklingError as err:
         raise _refused(path, f"holds more than tensors and plain data (refused; nothing in it ran: {_gist(err)})") \

@@ -15,9 +15,9 @@ from typing import Any
 
 from hybridflow.config import ExperimentConfig
 from hybridflow.config.model import ModelConfig
-from hybridflow.config.parallel import TRAINED_ROLES
 from hybridflow.errors import UserError
 from hybridflow.placement import Plan
+from hybridflow.role_records import Role, role_record, trained_roles
 from hybridflow.trainer.checkpoint_record import is_recorded, problem
 
 FINGERPRINT_FILE = "fingerprint.json"
@@ -113,11 +113,12 @@ def _shape(model: ModelConfig, prefix: str) -> dict[str, Any]:
 
 def fingerprint(cfg: ExperimentConfig, plan: Plan) -> dict[str, Any]:
     """What a checkpoint of this run needs from a run that resumes it, keyed by the config field to change."""
-    trained = [role for role in TRAINED_ROLES if role in plan.meshes]
+    trained = [role for role in trained_roles() if role in plan.meshes]
     record: dict[str, Any] = {"algorithm.name": cfg.algorithm.name, "roles (enabled)": list(plan.meshes),
                               "world size": plan.world_size, **_shape(cfg.model, "model")}
-    if "critic" in trained:
-        record.update(_shape(cfg.role_model("critic"), "critic_model"))
+    for role in trained:  # a trained role that may run its own model: that model's shape (critic_model)
+        if (own := role_record(role).own_model_field) is not None:
+            record.update(_shape(cfg.role_model(role), own))
     for role in trained:
         mesh = plan.meshes[role]
         record[f"roles.{role}.parallel"] = f"tp{mesh.tp} pp{mesh.pp} dp{mesh.dp} on ranks {list(mesh.ranks)}"
@@ -164,7 +165,7 @@ def check_resumable(ckpt_dir: Path, cfg: ExperimentConfig, plan: Plan) -> None:
                         "trainer.output_dir to a new directory, or trainer.resume=never to start over in this one "
                         "(its checkpoints and metrics move to previous/)")
     sft = sft_model_dir(ckpt_dir)
-    if cfg.trainer.warmup_sft_steps and "ref" in plan.meshes and not (sft / "config.json").is_file():
+    if cfg.trainer.warmup_sft_steps and Role.REF in plan.meshes and not (sft / "config.json").is_file():
         raise UserError(f"trainer.resume: checkpoint {ckpt_dir} was trained after an SFT warm-up whose model (the "
                         f"reference) is not in {sft}; copy that run's {SFT_MODEL_DIR}/ there, or resume with "
                         "trainer.resume=never")

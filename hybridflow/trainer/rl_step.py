@@ -41,6 +41,7 @@ from hybridflow.config import ExperimentConfig
 from hybridflow.data.packing import as_rows
 from hybridflow.data.step_batch import StepBatch
 from hybridflow.placement import RoleMesh
+from hybridflow.role_records import Role
 from hybridflow.roles.groups import TrainingGroup
 from hybridflow.roles.model_role import ModelRole, per_token_logprobs, per_token_values
 from hybridflow.roles.replica_results import share_from_role
@@ -88,15 +89,15 @@ class RLStep:
         KL per response and the parity (lag 0) or off-policy (lag 1) figures."""
         temperature = self.cfg.rollout.temperature or 1.0
         with timer("ref"):
-            ref = self._infer("ref", batch, lambda r: per_token_logprobs(r, temperature))
+            ref = self._infer(Role.REF, batch, lambda r: per_token_logprobs(r, temperature))
         with timer("values"):
-            values = self._infer("critic", batch, lambda r: per_token_values)
+            values = self._infer(Role.CRITIC, batch, lambda r: per_token_values)
         with timer("old_logprobs"):
-            old = self._infer("actor", batch, lambda r: per_token_logprobs(r, temperature))
+            old = self._infer(Role.ACTOR, batch, lambda r: per_token_logprobs(r, temperature))
         with timer("exchange"):
-            batch.old_logprobs = self.share("actor", old, batch)
-            batch.ref_logprobs = self.share("ref", ref, batch) if "ref" in self.meshes else None
-            batch.values = self.share("critic", values, batch) if "critic" in self.meshes else None
+            batch.old_logprobs = self.share(Role.ACTOR, old, batch)
+            batch.ref_logprobs = self.share(Role.REF, ref, batch) if Role.REF in self.meshes else None
+            batch.values = self.share(Role.CRITIC, values, batch) if Role.CRITIC in self.meshes else None
             self.land_scores(batch)
         metrics = self.gate(batch)
         with timer("advantages"):
@@ -108,11 +109,11 @@ class RLStep:
                 batch.is_weights = truncated_is_weights(batch.old_logprobs, batch.rollout_logprobs,
                                                         self.algorithm.tis_cap)
         with timer("update_critic"):
-            if "critic" in self.roles:
-                metrics |= self._update("critic", batch, self._critic_loss, ("values", "returns"))
+            if Role.CRITIC in self.roles:
+                metrics |= self._update(Role.CRITIC, batch, self._critic_loss, ("values", "returns"))
         with timer("update_actor"):
-            if "actor" in self.roles:
-                metrics |= self._update("actor", batch, self._actor_loss(temperature), self._actor_fields())
+            if Role.ACTOR in self.roles:
+                metrics |= self._update(Role.ACTOR, batch, self._actor_loss(temperature), self._actor_fields())
         self.kl_ctl.update(kl, batch.size)
         return metrics | {"kl": kl, "kl_coef": float(self.kl_ctl.value)}
 
@@ -133,7 +134,7 @@ class RLStep:
 
     @property
     def _kl_loss(self) -> bool:
-        return "ref" in self.meshes and self.algorithm.reward_kl is None and self.cfg.algorithm.kl_coef > 0
+        return Role.REF in self.meshes and self.algorithm.reward_kl is None and self.cfg.algorithm.kl_coef > 0
 
     # ---- stages ---------------------------------------------------------------------------------
     def _infer(self, role: str, batch: StepBatch, per_token) -> torch.Tensor | None:
@@ -209,7 +210,7 @@ class RLStep:
             + (("is_weights",) if self.algorithm.tis_cap else ())
 
     def _actor_loss(self, temperature: float):
-        alg, actor = self.cfg.algorithm, self.roles["actor"]
+        alg, actor = self.cfg.algorithm, self.roles[Role.ACTOR]
         cfg = ActorLossConfig(policy=self.algorithm.policy_loss, entropy_coef=alg.entropy_coef,
                               kl_loss_coef=alg.kl_coef if self._kl_loss else 0.0,
                               kl_loss_estimator=alg.kl_loss_estimator)
@@ -242,7 +243,7 @@ class RLStep:
 
     def warmup(self, tensors: dict[str, torch.Tensor]) -> dict[str, float]:
         """One supervised step on the actor (prompt + answer tokens, loss on the answer)."""
-        actor = self.roles["actor"]
+        actor = self.roles[Role.ACTOR]
 
         def fn(logits, mb):
             return _mean_loss(sft_loss(actor.logprobs(logits, mb["input_ids"]), mb["loss_mask"]))

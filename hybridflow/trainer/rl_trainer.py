@@ -47,6 +47,7 @@ from hybridflow.algorithms import Algorithm, KLController
 from hybridflow.config import ExperimentConfig
 from hybridflow.data.step_batch import StepBatch
 from hybridflow.placement import RoleMesh
+from hybridflow.role_records import Role
 from hybridflow.roles.groups import TrainingGroup
 from hybridflow.roles.model_role import ModelRole
 from hybridflow.roles.rollout_role import RolloutRole
@@ -98,7 +99,7 @@ class RLTrainer(RLStep):
             self.ready = self.produce(prompts, generating, timer, "wait_rollout", draw)
         metrics |= self.sampling_metrics  # the batch filter's figures of the batch produced in this step
         with timer("sync"):
-            self.rollout.sync(self.roles.get("actor"))
+            self.rollout.sync(self.roles.get(Role.ACTOR))
         self.steps_done += 1
         if self.rollout.engine is not None:
             metrics["rollout/generate_s"] = engine_s

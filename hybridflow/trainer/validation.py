@@ -19,6 +19,7 @@ from hybridflow.data.prompts import PromptDataset
 from hybridflow.data.step_batch import StepBatch
 from hybridflow.data.tasks import builtin_task, held_out_rows, is_builtin
 from hybridflow.errors import UserError
+from hybridflow.role_records import Role
 
 NUM_BUILTIN_TRAIN = 8192  # load_prompt_dataset's default size of a built-in training set
 
@@ -93,7 +94,7 @@ class Validator:
         finally:
             rollout.sampling, rollout.step = saved_sampling, saved_step
         # generate put the engine to sleep; a sync wakes it with the actor's weights, as after an RL step.
-        rollout.sync(trainer.roles.get("actor"))
+        rollout.sync(trainer.roles.get(Role.ACTOR))
         all_scores = torch.cat(scores).float()
         return {"val/reward_mean": float(all_scores.mean()),
                 "val/accuracy": float((all_scores >= 1.0).float().mean()), "val/num_prompts": float(len(self.rows))}

@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from hybridflow.config import load_experiment
-from hybridflow.placement import GIB, Dims, MemoryEstimate, estimate_role_memory
+from hybridflow.placement import GIB, MemoryEstimate, ParallelDims, estimate_role_memory
 from hybridflow.placement.memory import stage_params
 
 # Llama-3-8B: h=4096, f=14336, L=32, heads=32, kv heads=8 (head_dim 128 -> h_kv=1024), vocab 128256.
@@ -52,13 +52,13 @@ def test_actor_tp4_dp2_hand_computation(cfg8b):
     per_token_layer = 2 * (6 * H + 2 * KV_DIM + 4 * F) // 4
     assert per_token_layer == 41_984
     activations = per_token_layer * 2048 * 1 * L + 2048 * vocab // 4 * 6 + 3 * 1024 * vocab // 4 * 4
-    est = estimate_role_memory(cfg8b.model, "actor", Dims(tp=4, pp=1, dp=2), cfg8b)
+    est = estimate_role_memory(cfg8b.model, "actor", ParallelDims(tp=4, pp=1, dp=2), cfg8b)
     assert est == MemoryEstimate(weights=weights, grads=grads, optimizer=optimizer, activations=activations)
     assert est.total == 27_640_512_512  # ~25.7 GiB
 
 
 def test_recompute_and_sequence_parallel_variants(cfg8b):
-    dims = Dims(tp=4, pp=1, dp=2)
+    dims = ParallelDims(tp=4, pp=1, dp=2)
     logits = 2048 * 128512 // 4 * 6 + 3 * 1024 * 128512  # an update's logits at tp=4 (the hand computation)
     full = dataclasses.replace(cfg8b.roles.actor, activation_recompute="full")
     none = dataclasses.replace(cfg8b.roles.actor, activation_recompute="none")
@@ -81,14 +81,14 @@ def test_recompute_and_sequence_parallel_variants(cfg8b):
 def test_offload_and_pipeline_stages(cfg8b):
     roles = dataclasses.replace(cfg8b.roles, actor=dataclasses.replace(cfg8b.roles.actor, offload_optimizer=True))
     cfg = dataclasses.replace(cfg8b, roles=roles)
-    assert estimate_role_memory(cfg.model, "actor", Dims(4, 1, 2), cfg).optimizer == 0
+    assert estimate_role_memory(cfg.model, "actor", ParallelDims(4, 1, 2), cfg).optimizer == 0
     # PP2: stage 0 holds 16 layers + embedding and 2 micro-batches in flight; stage 1 16 layers + head, 1.
-    first = estimate_role_memory(cfg8b.model, "actor", Dims(4, 2, 1), cfg8b, stage=0)
-    last = estimate_role_memory(cfg8b.model, "actor", Dims(4, 2, 1), cfg8b, stage=1)
+    first = estimate_role_memory(cfg8b.model, "actor", ParallelDims(4, 2, 1), cfg8b, stage=0)
+    last = estimate_role_memory(cfg8b.model, "actor", ParallelDims(4, 2, 1), cfg8b, stage=1)
     assert first.activations == 41_984 * 2048 * 16 * 2
     assert last.activations == 41_984 * 2048 * 16 * 1 + 2048 * 128512 // 4 * 6 + 3 * 1024 * 128512
     assert first.weights == last.weights - 2 * 4096  # the head shard equals the embedding shard; + final norm
-    worst = estimate_role_memory(cfg8b.model, "actor", Dims(4, 2, 1), cfg8b)
+    worst = estimate_role_memory(cfg8b.model, "actor", ParallelDims(4, 2, 1), cfg8b)
     assert worst.total == max(first.total, last.total)
 
 
@@ -96,13 +96,13 @@ def test_critic_and_reward_have_a_scalar_head(cfg8b):
     actor = stage_params(cfg8b.model, "actor", 1, 1, 0)
     critic = stage_params(cfg8b.model, "critic", 1, 1, 0)
     assert actor - critic == V * H - H  # LM head replaced by a (hidden -> 1) head
-    reward = estimate_role_memory(cfg8b.model, "reward", Dims(2, 1, 1), cfg8b)
+    reward = estimate_role_memory(cfg8b.model, "reward", ParallelDims(2, 1, 1), cfg8b)
     assert reward.grads == reward.optimizer == reward.kv_cache == 0
 
 
 def test_vllm_rollout_takes_its_gpu_memory_utilization(cfg8b):
     # vLLM pre-allocates utilization x capacity for weights + KV cache.
-    est = estimate_role_memory(cfg8b.model, "rollout", Dims(2, 1, 2), cfg8b)
+    est = estimate_role_memory(cfg8b.model, "rollout", ParallelDims(2, 1, 2), cfg8b)
     assert est.weights + est.kv_cache == int(cfg8b.rollout.gpu_memory_utilization * 80 * GIB)
     assert est.weights == stage_params(cfg8b.model, "rollout", 2, 1, 0) * 2
 
@@ -110,11 +110,11 @@ def test_vllm_rollout_takes_its_gpu_memory_utilization(cfg8b):
 def test_native_rollout_kv_cache_for_the_batch():
     cfg = load_experiment("tiny_cpu", [])
     # tiny: L=4, kv heads 2, head_dim 32, fp32; rollout tp2 -> 1 kv head per rank; dp2 -> half the sequences.
-    est = estimate_role_memory(cfg.model, "rollout", Dims(2, 1, 2), cfg)
+    est = estimate_role_memory(cfg.model, "rollout", ParallelDims(2, 1, 2), cfg)
     per_token = 2 * 4 * 1 * 32 * 4  # K and V x layers x kv heads x head_dim x fp32
     sequences = cfg.data.train_batch_size * cfg.rollout.n_samples_per_prompt // 2
     assert est.kv_cache == sequences * cfg.data.seq_length * per_token
-    shared = estimate_role_memory(cfg.model, "rollout", Dims(2, 1, 2), cfg, shares_actor_weights=True)
+    shared = estimate_role_memory(cfg.model, "rollout", ParallelDims(2, 1, 2), cfg, shares_actor_weights=True)
     assert shared.weights == 0 and shared.kv_cache == est.kv_cache
 
 

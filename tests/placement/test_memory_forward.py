@@ -5,7 +5,7 @@ padded to 128512; data.seq_length 2048; micro_batch_size 1.
 """
 
 from hybridflow.config import load_experiment
-from hybridflow.placement import Dims, estimate_role_memory
+from hybridflow.placement import ParallelDims, estimate_role_memory
 
 SELECTIVE, V_TP4, L, S = 41_984, 128512, 32, 2048
 # Logit bytes per token at tp=4 (memory.logit_bytes) of the vocabulary shard: bf16 logits, in an update also their
@@ -24,15 +24,15 @@ def test_ref_forward_micro_batch_follows_the_budget():
         cfg = cfg8b(f"roles.actor.forward_max_tokens={budget}")  # ref inherits it
         assert cfg.roles.ref.forward_max_tokens == budget
         tokens = rows * S
-        assert estimate_role_memory(cfg.model, "ref", Dims(4, 1, 2), cfg).activations == \
+        assert estimate_role_memory(cfg.model, "ref", ParallelDims(4, 1, 2), cfg).activations == \
             SELECTIVE * tokens + tokens * FORWARD_LOGIT + CHUNK, budget
 
 
 def test_actor_takes_the_larger_of_its_update_and_its_forward_pass():
     update = SELECTIVE * S * L + S * UPDATE_LOGIT + CHUNK  # one micro-batch of 2048 tokens in flight, its logits
     small = cfg8b("roles.actor.forward_max_tokens=2048")  # 1 row: one layer + logits of 2048 tokens < update
-    assert estimate_role_memory(small.model, "actor", Dims(4, 1, 2), small).activations == update
+    assert estimate_role_memory(small.model, "actor", ParallelDims(4, 1, 2), small).activations == update
     large = cfg8b("roles.actor.forward_max_tokens=65536")  # 32 rows: the old log-probs' logits dominate
     forward = SELECTIVE * 32 * S + 32 * S * FORWARD_LOGIT + CHUNK
     assert forward > update
-    assert estimate_role_memory(large.model, "actor", Dims(4, 1, 2), large).activations == forward
+    assert estimate_role_memory(large.model, "actor", ParallelDims(4, 1, 2), large).activations == forward

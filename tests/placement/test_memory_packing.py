@@ -10,7 +10,7 @@ import pytest
 
 from hybridflow.config import load_experiment
 from hybridflow.data.packing import pack_by_token_budget
-from hybridflow.placement import Dims, estimate_role_memory
+from hybridflow.placement import ParallelDims, estimate_role_memory
 from hybridflow.placement.memory import micro_batch_shape
 
 V_TP4 = 128512
@@ -33,9 +33,10 @@ def test_packed_actor_hand_computation():
     cfg = cfg8b("roles.actor.max_tokens_per_micro_batch=6002")
     # One thd row of up to 6002 tokens, padded to a multiple of tp=4 for sequence parallelism: 6004.
     # pp=1: one micro-batch in flight, and its logits.
-    est = actor(cfg, Dims(4, 1, 2))
+    est = actor(cfg, ParallelDims(4, 1, 2))
     assert est.activations == SELECTIVE * 6004 * 32 + 6004 * UPDATE_LOGIT + CHUNK
-    padded = actor(cfg8b(), Dims(4, 1, 2))  # updates of 1 x 2048 tokens; forward passes of 8 x 2048 (16384 tokens)
+    # updates of 1 x 2048 tokens; forward passes of 8 x 2048 (16384 tokens)
+    padded = actor(cfg8b(), ParallelDims(4, 1, 2))
     assert (est.weights, est.grads, est.optimizer) == (padded.weights, padded.grads, padded.optimizer)
     assert padded.activations == max(SELECTIVE * 2048 * 32 + 2048 * UPDATE_LOGIT, (SELECTIVE + FORWARD_LOGIT) * 16384) \
         + CHUNK
@@ -45,11 +46,11 @@ def test_attention_probabilities_span_one_sample_not_the_packed_row():
     # recompute=none keeps a*s per token-layer; packed attention is per sample, so s = S = 2048, not 6004.
     cfg = cfg8b("roles.actor.max_tokens_per_micro_batch=6002", "roles.actor.activation_recompute=none")
     per_token_layer = SELECTIVE + 2 * 32 * S // 4
-    assert actor(cfg, Dims(4, 1, 2)).activations == per_token_layer * 6004 * 32 + 6004 * UPDATE_LOGIT + CHUNK
+    assert actor(cfg, ParallelDims(4, 1, 2)).activations == per_token_layer * 6004 * 32 + 6004 * UPDATE_LOGIT + CHUNK
 
 
 def test_doubling_the_budget_doubles_activations_and_logits_but_not_the_log_prob_chunk():
-    dims = Dims(4, 1, 2)
+    dims = ParallelDims(4, 1, 2)
     for recompute in ("selective", "none"):
         one = actor(cfg8b("roles.actor.max_tokens_per_micro_batch=4096",
                           f"roles.actor.activation_recompute={recompute}"), dims)
@@ -63,36 +64,37 @@ def test_pipeline_in_flight_counts_packed_micro_batches():
     # 4 samples per replica, 2 fit in 4096 tokens -> at most 2 packed micro-batches (padded at mbs=1: 4),
     # so stage 0 of pp=4 holds min(4 - 0, 2) = 2 in flight, the last stage 1; 8 layers per stage.
     cfg = cfg8b("algorithm.mini_batch_size=4", "roles.actor.max_tokens_per_micro_batch=4096")
-    assert actor(cfg, Dims(4, 4, 1), stage=0).activations == SELECTIVE * 4096 * 8 * 2
-    assert actor(cfg, Dims(4, 4, 1), stage=3).activations == SELECTIVE * 4096 * 8 * 1 + 4096 * UPDATE_LOGIT + CHUNK
+    assert actor(cfg, ParallelDims(4, 4, 1), stage=0).activations == SELECTIVE * 4096 * 8 * 2
+    assert actor(cfg, ParallelDims(4, 4, 1), stage=3).activations == \
+        SELECTIVE * 4096 * 8 * 1 + 4096 * UPDATE_LOGIT + CHUNK
     padded = cfg8b("algorithm.mini_batch_size=4")
-    assert actor(padded, Dims(4, 4, 1), stage=0).activations == SELECTIVE * 2048 * 8 * 4
+    assert actor(padded, ParallelDims(4, 4, 1), stage=0).activations == SELECTIVE * 2048 * 8 * 4
 
 
 def test_budget_beyond_the_replicas_samples_is_capped():
     # mini-batch 4 over dp=2: 2 samples of at most 2048 tokens, so a micro-batch never holds more than 4096.
     big = cfg8b("algorithm.mini_batch_size=4", "roles.actor.max_tokens_per_micro_batch=100000")
     exact = cfg8b("algorithm.mini_batch_size=4", "roles.actor.max_tokens_per_micro_batch=4096")
-    assert actor(big, Dims(4, 1, 2)) == actor(exact, Dims(4, 1, 2))
+    assert actor(big, ParallelDims(4, 1, 2)) == actor(exact, ParallelDims(4, 1, 2))
 
 
 def test_ref_takes_the_actors_budget_unless_set():
     cfg = cfg8b("roles.actor.max_tokens_per_micro_batch=6002")
     assert cfg.roles.ref.max_tokens_per_micro_batch == 6002  # load_experiment's rule
-    ref = estimate_role_memory(cfg.model, "ref", Dims(4, 1, 2), cfg)
+    ref = estimate_role_memory(cfg.model, "ref", ParallelDims(4, 1, 2), cfg)
     # Forward only: one layer's activations plus the logits, for the packed row.
     assert ref.activations == SELECTIVE * 6004 + 6004 * FORWARD_LOGIT + CHUNK
     off = cfg8b("roles.actor.max_tokens_per_micro_batch=6002", "roles.ref.max_tokens_per_micro_batch=0")
     # unpacked forward passes: forward_max_tokens (default 16384) / seq 2048 = 8 rows of 2048 tokens
-    assert estimate_role_memory(off.model, "ref", Dims(4, 1, 2), off).activations == \
+    assert estimate_role_memory(off.model, "ref", ParallelDims(4, 1, 2), off).activations == \
         SELECTIVE * 16384 + 16384 * FORWARD_LOGIT + CHUNK
 
 
 def test_budget_zero_is_the_padded_estimate():
     for role in ("actor", "critic", "ref", "reward"):
         on = cfg8b(f"roles.{role}.max_tokens_per_micro_batch=0")
-        assert estimate_role_memory(on.model, role, Dims(2, 1, 2), on) == \
-            estimate_role_memory(on.model, role, Dims(2, 1, 2), cfg8b()), role
+        assert estimate_role_memory(on.model, role, ParallelDims(2, 1, 2), on) == \
+            estimate_role_memory(on.model, role, ParallelDims(2, 1, 2), cfg8b()), role
 
 
 def test_sft_warm_up_keeps_the_padded_shape_for_the_actor():
@@ -103,7 +105,7 @@ def test_sft_warm_up_keeps_the_padded_shape_for_the_actor():
     warm = load_experiment("tiny_cpu", ["roles.actor.max_tokens_per_micro_batch=24", fwd])
     cold = load_experiment("tiny_cpu", ["roles.actor.max_tokens_per_micro_batch=24", "trainer.warmup_sft_steps=0", fwd])
     padded = load_experiment("tiny_cpu", [fwd])
-    dims = Dims(2, 1, 2)
+    dims = ParallelDims(2, 1, 2)
     assert actor(warm, dims) == actor(padded, dims)
     assert actor(cold, dims).activations < actor(padded, dims).activations
     # ref runs no warm-up: packed either way

@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hybridflow.placement import RoleMesh
+from hybridflow.placement import ParallelDims, RoleMesh
+from hybridflow.placement.auto.strategy import Strategy
 
 
 def test_groups_small_example():
@@ -53,3 +54,23 @@ def test_mesh_properties(tp, dp, pp, data):
         assert rank in mesh.tp_groups()[p * dp + d]
     # TP groups are consecutive entries of the rank list (tp fastest).
     assert [r for g in mesh.tp_groups() for r in g] == list(ranks)
+
+
+@pytest.mark.parametrize("degrees", [(0, 1, 1), (1, -2, 1), (1, 1, True), (1.0, 1, 1)])
+def test_a_layout_of_anything_but_positive_integers_is_refused(degrees):
+    with pytest.raises(ValueError, match="is not a positive integer"):
+        ParallelDims(*degrees)
+    with pytest.raises(ValueError, match="is not a positive integer"):
+        Strategy(*degrees)
+    with pytest.raises(ValueError, match="is not a positive integer"):  # even when the rank count agrees
+        RoleMesh("actor", tuple(range(max(0, int(degrees[0] * degrees[1] * degrees[2])))), *degrees)
+
+
+def test_one_layout_type_behind_mesh_and_strategy():
+    mesh = RoleMesh("actor", tuple(range(8)), 2, 2, 2)
+    assert mesh.dims == ParallelDims(2, 2, 2) and mesh.dims.size == mesh.size == 8
+    s = Strategy(4, 1, 2, gen_tp=2)
+    assert isinstance(s, ParallelDims) and (s.size, s.gpus, s.gen_dp) == (8, 8, 4)
+    # the auto search's deterministic order is (tp, pp, dp, gen_tp)
+    assert sorted([Strategy(2, 1, 1), Strategy(1, 2, 1, 1), Strategy(1, 2, 1), Strategy(1, 1, 2)]) == [
+        Strategy(1, 1, 2), Strategy(1, 2, 1), Strategy(1, 2, 1, 1), Strategy(2, 1, 1)]

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from hybridflow.config import ClusterConfig, conf_dir
 from hybridflow.config.cluster import resolve_cluster
 from hybridflow.errors import UserError
-from hybridflow.placement import GIB, Dims, build_plan, plan_placement
+from hybridflow.placement import GIB, ParallelDims, build_plan, plan_placement
 from hybridflow.resolve import resolve_experiment
 
 EXPERIMENTS = sorted(p.stem for p in (conf_dir() / "experiment").glob("*.yaml"))
@@ -245,10 +245,11 @@ def test_prompts_must_split_over_rollout_dp():
         ],
     )
     ranks = {"actor": [0], "ref": [0], "critic": [1], "rollout": [2, 3]}
-    dims = {"actor": Dims(1, 1, 1), "ref": Dims(1, 1, 1), "critic": Dims(1, 1, 1), "rollout": Dims(1, 1, 2)}
+    one = ParallelDims(1, 1, 1)
+    dims = {"actor": one, "ref": one, "critic": one, "rollout": ParallelDims(1, 1, 2)}
     with pytest.raises(UserError, match=r"^data\.train_batch_size: 5 prompts do not split over the rollout's dp=2"):
         build_plan(cfg, ranks, dims)
-    dims["rollout"] = Dims(2, 1, 1)
+    dims["rollout"] = ParallelDims(2, 1, 1)
     assert build_plan(cfg, ranks, dims).meshes["rollout"].tp_groups() == [(2, 3)]
 
 
@@ -304,7 +305,7 @@ def layouts(draw):
         dp = draw(st.integers(1, min(16, len(blocks) // pp)))  # 720720 is divisible by 1..16
         chosen = draw(st.permutations(blocks))[: pp * dp]
         ranks[role] = [b + t for b in chosen for t in range(tp)]
-        dims[role] = Dims(tp=tp, pp=pp, dp=dp)
+        dims[role] = ParallelDims(tp=tp, pp=pp, dp=dp)
     if set(ranks["rollout"]) & set(ranks["actor"]):
         ranks["rollout"], dims["rollout"] = ranks["actor"], dims["actor"]
     return nodes, gpn, ranks, dims

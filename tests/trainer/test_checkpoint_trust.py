@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from hybridflow.config import load_experiment
-from hybridflow.config.parallel import Role
 from hybridflow.data.step_batch import StepBatch
 from hybridflow.errors import UserError
 from hybridflow.placement import plan_placement
+from hybridflow.role_records import Role
 from hybridflow.run import main
 from hybridflow.trainer.checkpoint_record import write_record
 from hybridflow.trainer.rank_state import check_rank_file, rank_file, read_rank_state, write_rank_state
@@ -91,3 +91,18 @@ def test_the_rank_state_a_run_saves_reads_back(tmp_path):
     assert np.array_equal(back["rng"]["numpy"][1], state["rng"]["numpy"][1])
     assert torch.equal(back["ready"].tokens, batch.tokens) and back["ready"].rows == batch.rows
     assert back["schedulers"] == state["schedulers"] and back["loader"] == state["loader"]
+
+
+def test_a_rank_file_naming_role_where_it_used_to_live_still_reads(tmp_path, monkeypatch):
+    """Role moved from hybridflow.config.parallel to hybridflow.role_records; a checkpoint written before the
+    move pickles the LR schedules' keys under the old name and must still resume."""
+    import hybridflow.config.parallel as former_home
+
+    monkeypatch.setattr(Role, "__module__", former_home.__name__)  # what the older program wrote
+    monkeypatch.setattr(former_home, "Role", Role, raising=False)
+    path = tmp_path / "rank00000.pt"
+    write_rank_state(path, {"schedulers": {Role.CRITIC: {"num_steps": 7}}})
+    monkeypatch.undo()
+    assert "hybridflow.config.parallel.Role" in torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    check_rank_file(path)
+    assert read_rank_state(path)["schedulers"] == {Role.CRITIC: {"num_steps": 7}}

@@ -7,7 +7,8 @@ from dataclasses import asdict, dataclass, field
 from hybridflow.placement.auto.overlap import OneStepOff
 from hybridflow.placement.auto.search import Candidate, SearchResult
 from hybridflow.placement.auto.set_solver import RoleChoice
-from hybridflow.placement.auto.workload import GENERATION, ROLLOUT, STAGES
+from hybridflow.placement.auto.workload import GENERATION, STAGES
+from hybridflow.role_records import Role
 from hybridflow.units import GIB
 
 
@@ -70,13 +71,13 @@ def overlap_text(o: OneStepOff) -> str:
 
 def _label(choice: RoleChoice, gpus: int) -> str:
     s = choice.strategy
-    if choice.role == ROLLOUT:  # on GPUs of its own: its layout is the generation layout
+    if choice.role == Role.ROLLOUT:  # on GPUs of its own: its layout is the generation layout
         return f"gen tp{s.gen_tp} dp{s.gen_dp}  on {gpus} GPUs of its own, one step off"
     return s.label() + f"  on {gpus} GPUs"
 
 
 def _actor_gpus(cand: Candidate) -> int:
-    return next(s.gpus for s in cand.sets if "actor" in s.roles)
+    return next(s.gpus for s in cand.sets if Role.ACTOR in s.roles)
 
 
 def stage_deltas(loser: Candidate, winner: Candidate) -> dict[str, float]:

@@ -15,7 +15,6 @@ from dataclasses import replace
 
 from hybridflow.config.experiment import ExperimentConfig, engine_of, with_role_settings
 from hybridflow.config.model import ModelConfig
-from hybridflow.config.parallel import TRAINED_ROLES, VALUE_HEAD_ROLES
 from hybridflow.errors import UserError
 from hybridflow.placement.auto.cost_model import role_stage_breakdown
 from hybridflow.placement.auto.device import DeviceSpec, Efficiency, efficiency_for
@@ -23,26 +22,15 @@ from hybridflow.placement.auto.explain import Explanation, explain
 from hybridflow.placement.auto.search import Candidate, SearchResult, compose, search
 from hybridflow.placement.auto.set_solver import MemoryFn, RoleChoice, SetSolution
 from hybridflow.placement.auto.strategy import Strategy
-from hybridflow.placement.auto.workload import (
-    GENERATION,
-    PREPARATION,
-    ROLLOUT,
-    TRAINING,
-    ModelCostShape,
-    RoleWork,
-    Workload,
-    split_rollout,
-)
+from hybridflow.placement.auto.workload import ModelCostShape, RoleWork, Workload, split_rollout
 from hybridflow.placement.checks import check_batch_sizes
 from hybridflow.placement.memory import GIB, estimate_role_memory, offloaded_share, rollout_shares_actor_weights
-from hybridflow.placement.mesh import Dims
+from hybridflow.placement.mesh import ParallelDims
 from hybridflow.placement.offload import roles_to_pick
 from hybridflow.placement.planner import Plan, build_plan
 from hybridflow.placement.report import set_memory_bytes
 from hybridflow.placement.update_budget import budget_roles_to_pick
-
-_STAGES = {"actor": (GENERATION, PREPARATION, TRAINING), "critic": (PREPARATION, TRAINING),
-           "ref": (PREPARATION,), "reward": (PREPARATION,)}
+from hybridflow.role_records import Role, model_roles, role_record, trained_roles
 
 
 def model_shape(model: ModelConfig, role: str) -> ModelCostShape:
@@ -50,7 +38,7 @@ def model_shape(model: ModelConfig, role: str) -> ModelCostShape:
                       num_layers=model.num_hidden_layers, num_heads=model.num_attention_heads,
                       num_kv_heads=model.num_key_value_heads, vocab_size=model.vocab_size,
                       tie_embeddings=model.tie_word_embeddings, dtype_bytes=model.dtype_bytes,
-                      head="value" if role in VALUE_HEAD_ROLES else "lm", head_dim=model.attention_head_dim)
+                      head=role_record(role).head, head_dim=model.attention_head_dim)
 
 
 def one_step_off(cfg: ExperimentConfig) -> bool:
@@ -67,10 +55,11 @@ def workload_from_config(cfg: ExperimentConfig) -> Workload:
     trainer.rollout_lag=1 (native engine) is a role of its own that the search keeps off the actor's GPUs."""
     seq = cfg.data.seq_length
     roles = tuple(
-        RoleWork(name, model_shape(cfg.role_model(name), name), stages, cfg.roles.get(name).micro_batch_size,
+        RoleWork(name, model_shape(cfg.role_model(name), name), role_record(name).stages,
+                 cfg.roles.get(name).micro_batch_size,
                  cfg.roles.get(name).forward_micro_batch_size(seq), cfg.roles.get(name).update_micro_batch_size(seq),
-                 offloaded_share(cfg.roles.get(name)) if name in TRAINED_ROLES else 0.0)
-        for name, stages in _STAGES.items() if cfg.roles.get(name).enabled)
+                 offloaded_share(cfg.roles.get(name)) if role_record(name).trained else 0.0)
+        for name in model_roles() if cfg.roles.get(name).enabled)
     lag = one_step_off(cfg)
     return Workload(roles=split_rollout(roles) if lag else roles, prompts=cfg.data.train_batch_size,
                     samples_per_prompt=cfg.rollout.n_samples_per_prompt,
@@ -81,8 +70,8 @@ def workload_from_config(cfg: ExperimentConfig) -> Workload:
                     rollout_engine=cfg.rollout.engine, rollout_lag=int(lag))
 
 
-def rollout_dims(s: Strategy) -> Dims:
-    return Dims(tp=s.gen_tp, pp=1, dp=s.gen_dp)
+def rollout_dims(s: Strategy) -> ParallelDims:
+    return ParallelDims(tp=s.gen_tp, pp=1, dp=s.gen_dp)
 
 
 def memory_from_config(cfg: ExperimentConfig) -> MemoryFn:
@@ -95,14 +84,14 @@ def memory_from_config(cfg: ExperimentConfig) -> MemoryFn:
 
     def memory(role: str, s: Strategy) -> tuple[float, float] | None:
         try:
-            if role == ROLLOUT:
-                own = estimate_role_memory(cfg.model, ROLLOUT, rollout_dims(s), cfg)
+            if role == Role.ROLLOUT:
+                own = estimate_role_memory(cfg.model, Role.ROLLOUT, rollout_dims(s), cfg)
                 return float(own.total), float(own.kv_cache)
-            est = estimate_role_memory(cfg.role_model(role), role, Dims(s.tp, s.pp, s.dp), cfg)
+            est = estimate_role_memory(cfg.role_model(role), role, ParallelDims(s.tp, s.pp, s.dp), cfg)
             if not s.gen_tp:
                 return float(est.total), 0.0
             shares = rollout_shares_actor_weights(cfg, True, s.tp, s.pp, s.gen_tp)
-            gen = estimate_role_memory(cfg.model, "rollout", rollout_dims(s), cfg,
+            gen = estimate_role_memory(cfg.model, Role.ROLLOUT, rollout_dims(s), cfg,
                                        shares_actor_weights=shares)
         except UserError:
             return None  # e.g. a vLLM budget that cannot hold this shard: not a valid layout
@@ -118,7 +107,7 @@ def search_config(cfg: ExperimentConfig, eff: Efficiency | None = None) -> Searc
     # A micro-batch that splits no batch even at DP 1 rules out every layout: a config error (the explicit
     # planner's own check, at DP 1), not "nothing fits".
     for role in workload.roles:
-        check_batch_sizes(cfg, role.name, Dims(tp=1, pp=1, dp=1))
+        check_batch_sizes(cfg, role.name, ParallelDims(tp=1, pp=1, dp=1))
     device = DeviceSpec.from_cluster(cfg.cluster)
     eff = eff or efficiency_for(cfg.cluster.gpu_type)
     # The estimator leaves out CUDA contexts, NCCL buffers and fragmentation: the search fills GPUs only up to
@@ -143,15 +132,15 @@ def search_config(cfg: ExperimentConfig, eff: Efficiency | None = None) -> Searc
 def plan_from_candidate(cfg: ExperimentConfig, cand: Candidate) -> Plan:
     """Role -> ranks and layouts of `cand`, checked and assembled by `build_plan`."""
     ranks: dict[str, tuple[int, ...]] = {}
-    dims: dict[str, Dims] = {}
+    dims: dict[str, ParallelDims] = {}
     for set_solution, rank_range in zip(cand.sets, cand.ranks, strict=True):
         for choice in set_solution.choices:
             s = choice.strategy
             ranks[choice.role] = tuple(rank_range)
-            dims[choice.role] = Dims(s.tp, s.pp, s.dp)  # a rollout of its own: its generation layout
-            if s.gen_tp and choice.role != ROLLOUT:  # the actor's colocated rollout
-                ranks["rollout"] = tuple(rank_range)
-                dims["rollout"] = rollout_dims(s)
+            dims[choice.role] = ParallelDims(s.tp, s.pp, s.dp)  # a rollout of its own: its generation layout
+            if s.gen_tp and choice.role != Role.ROLLOUT:  # the actor's colocated rollout
+                ranks[Role.ROLLOUT] = tuple(rank_range)
+                dims[Role.ROLLOUT] = rollout_dims(s)
     return build_plan(cfg, ranks, dims)
 
 
@@ -176,7 +165,7 @@ def config_with_plan(cfg: ExperimentConfig, plan: Plan) -> ExperimentConfig:
     for role, mesh in plan.meshes.items():
         par = out.roles.get(role).parallel
         par.tp, par.dp = mesh.tp, mesh.dp
-        if role != ROLLOUT:  # the rollout's pp is always 1 (RolloutParallelConfig)
+        if role != Role.ROLLOUT:  # the rollout's pp is always 1 (RolloutParallelConfig)
             par.pp = mesh.pp
     return out
 
@@ -201,7 +190,7 @@ def config_at_plan_picks(cfg: ExperimentConfig, plan: Plan) -> ExperimentConfig:
     return with_role_settings(cfg, {
         role: {"offload_fraction": plan.offload_fractions.get(role, cfg.roles.get(role).offload_fraction),
                "update_max_tokens": plan.update_max_tokens.get(role, cfg.roles.get(role).update_max_tokens)}
-        for role in TRAINED_ROLES if role in plan.meshes})
+        for role in trained_roles() if role in plan.meshes})
 
 
 def plan_candidate(cfg: ExperimentConfig, plan: Plan, lengths: tuple[float, float] | None = None,
@@ -217,7 +206,7 @@ def plan_candidate(cfg: ExperimentConfig, plan: Plan, lengths: tuple[float, floa
     device = DeviceSpec.from_cluster(cfg.cluster)
     eff = eff or efficiency_for(cfg.cluster.gpu_type)
     memory = memory_from_config(cfg)
-    rollout = plan.meshes.get("rollout")
+    rollout = plan.meshes.get(Role.ROLLOUT)
     sets, ranks = [], []
     for roles in plan.colocation_sets:
         choices = []

@@ -24,10 +24,8 @@ from dataclasses import dataclass
 from hybridflow.placement.auto.comm import split_sync_time
 from hybridflow.placement.auto.device import DeviceSpec, Efficiency
 from hybridflow.placement.auto.set_solver import RoleChoice, SetSolution
-from hybridflow.placement.auto.workload import GENERATION, PREPARATION, ROLLOUT, TRAINING, Workload
-
-# Scores batch k+1 in step 3 (trainer.scorer.Scorer), not inside the consume of step 2.
-REWARD = "reward"
+from hybridflow.placement.auto.workload import GENERATION, PREPARATION, TRAINING, Workload
+from hybridflow.role_records import Role
 
 
 @dataclass(frozen=True)
@@ -65,20 +63,21 @@ def _choice(sets: tuple[SetSolution, ...], role: str) -> tuple[int, RoleChoice]:
 def sync_time(sets: tuple[SetSolution, ...], ranks: tuple[Sequence[int], ...], workload: Workload, device: DeviceSpec,
               eff: Efficiency) -> float:
     """The actor -> rollout weight sync of a plan whose rollout is on its own GPUs."""
-    a, actor = _choice(sets, "actor")
-    r, rollout = _choice(sets, ROLLOUT)
+    a, actor = _choice(sets, Role.ACTOR)
+    r, rollout = _choice(sets, Role.ROLLOUT)
     nodes = {g // device.gpus_per_node for g in (*ranks[a], *ranks[r])}
     t, g = actor.strategy, rollout.strategy
-    return split_sync_time(workload.role(ROLLOUT).model.weight_bytes, t.tp, t.pp, t.dp, g.gen_tp, g.gen_dp,
+    return split_sync_time(workload.role(Role.ROLLOUT).model.weight_bytes, t.tp, t.pp, t.dp, g.gen_tp, g.gen_dp,
                            len(nodes) == 1, device, eff)
 
 
 def one_step_off(sets: tuple[SetSolution, ...], ranks: tuple[Sequence[int], ...], workload: Workload,
                  device: DeviceSpec, eff: Efficiency) -> OneStepOff:
     """The terms of the module docstring's formula for one candidate placement."""
-    training = [s for s in sets if set(s.roles) - {ROLLOUT}]
+    training = [s for s in sets if set(s.roles) - {Role.ROLLOUT}]
     generate = max(s.stage_time(GENERATION) for s in sets)
-    prepare = max(s.stage_time(GENERATION) + _stage(s.choices, PREPARATION, skip=REWARD) for s in training)
+    # The reward role scores batch k+1 in step 3 (trainer.scorer.Scorer), not inside the consume of step 2.
+    prepare = max(s.stage_time(GENERATION) + _stage(s.choices, PREPARATION, skip=Role.REWARD) for s in training)
     train = max(s.stage_time(TRAINING) for s in training)
-    score = max(sum(c.stage_times.get(PREPARATION, 0.0) for c in s.choices if c.role == REWARD) for s in sets)
+    score = max(sum(c.stage_times.get(PREPARATION, 0.0) for c in s.choices if c.role == Role.REWARD) for s in sets)
     return OneStepOff(generate, prepare + train, score, sync_time(sets, ranks, workload, device, eff))

@@ -23,7 +23,8 @@ from hybridflow.placement.auto.device import DeviceSpec, Efficiency
 from hybridflow.placement.auto.overlap import OneStepOff, one_step_off
 from hybridflow.placement.auto.partitions import allocations, rank_ranges, set_partitions, set_sizes
 from hybridflow.placement.auto.set_solver import MemoryFn, SetSolution, SetSolver
-from hybridflow.placement.auto.workload import ROLLOUT, STAGES, Workload
+from hybridflow.placement.auto.workload import STAGES, Workload
+from hybridflow.role_records import Role
 from hybridflow.units import GIB
 
 
@@ -130,7 +131,7 @@ def _respects(partition: tuple[tuple[str, ...], ...], must_share: tuple[tuple[st
 
 def _rollout_apart(partition: tuple[tuple[str, ...], ...]) -> bool:
     """No set holds both the actor and the rollout (what rollout_lag=1 needs to overlap them)."""
-    return not any("actor" in s and ROLLOUT in s for s in partition)
+    return not any(Role.ACTOR in s and Role.ROLLOUT in s for s in partition)
 
 
 def _check_lag_fits(device: DeviceSpec, partitions: list) -> None:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from hybridflow.placement.auto.device import DeviceSpec
 from hybridflow.placement.auto.workload import RoleWork, Workload
+from hybridflow.placement.mesh import ParallelDims
 
 # Deeper pipelines than this do not win at RLHF batch sizes (the bubble grows with pp); they only slow the
 # search.
@@ -13,21 +14,19 @@ MAX_PP = 16
 
 
 @dataclass(frozen=True, order=True)
-class Strategy:
-    """A role's mesh on `tp * pp * dp` GPUs; `gen_tp` is the rollout's TP (a generating role only, else 0).
+class Strategy(ParallelDims):
+    """A role's mesh on `tp * pp * dp` GPUs (ParallelDims: checked there); `gen_tp` is the rollout's TP (a
+    generating role only, else 0). Ordered by (tp, pp, dp, gen_tp).
 
     Generation runs without pipeline (p_g = 1) on the same GPUs, dp_g = GPUs / gen_tp. A rollout on GPUs of
     its own (`RoleWork.generates_only`) has only its generation layout: tp = gen_tp, pp = 1.
     """
 
-    tp: int
-    pp: int
-    dp: int
     gen_tp: int = 0
 
     @property
     def gpus(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.size
 
     @property
     def gen_dp(self) -> int:

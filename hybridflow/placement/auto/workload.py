@@ -10,13 +10,11 @@ from dataclasses import dataclass, replace
 
 from hybridflow.families import resolved_head_dim
 from hybridflow.placement.param_count import layer_matmul_params
+from hybridflow.role_records import Role, Stage, model_roles, role_record
 
-# The dataflow of one PPO iteration (HybridFlow section 2): generation by the actor, then preparation (the
-# actor, reference, critic and reward models score the responses), then training of actor and critic.
-GENERATION, PREPARATION, TRAINING = "generation", "preparation", "training"
-STAGES = (GENERATION, PREPARATION, TRAINING)
-# The role that generates on GPUs of its own at trainer.rollout_lag=1 (`split_rollout`).
-ROLLOUT = "rollout"
+# The dataflow of one PPO iteration (hybridflow.role_records.Stage), by the short names the cost model reads.
+GENERATION, PREPARATION, TRAINING = Stage.GENERATION, Stage.PREPARATION, Stage.TRAINING
+STAGES = tuple(Stage)
 
 
 @dataclass(frozen=True)
@@ -121,7 +119,7 @@ class Workload:
 
     At `rollout_lag` 0 the actor carries generation: the rollout engine lives on the actor's GPUs and
     receives its weights through the resharding bridge (HybridFlow's 3D-HybridEngine), so it is not a
-    separate set member. At `rollout_lag` 1 (one-step-off) generation is a `ROLLOUT` role of its own
+    separate set member. At `rollout_lag` 1 (one-step-off) generation is a rollout role of its own
     (`split_rollout`) that the search keeps off the actor's GPUs.
     """
 
@@ -142,7 +140,7 @@ class Workload:
     rollout_lag: int = 0
 
     def __post_init__(self) -> None:
-        if self.rollout_lag and not any(r.name == ROLLOUT and r.generates_only for r in self.roles):
+        if self.rollout_lag and not any(r.name == Role.ROLLOUT and r.generates_only for r in self.roles):
             raise ValueError("Workload: rollout_lag=1 needs a generation-only 'rollout' role (split_rollout)")
 
     @property
@@ -169,23 +167,19 @@ def ppo_roles(actor: ModelCostShape, critic: ModelCostShape | None, reward: Mode
     """The roles of PPO (critic given) or GRPO (critic None); `reward` None = rule-based reward."""
     # The actor recomputes the old log-probs with its training layout in preparation (the rollout engine's
     # own log-probs are not bit-exact with the training forward), as verl and OpenRLHF do.
-    roles = [RoleWork("actor", actor, (GENERATION, PREPARATION, TRAINING), micro_batch_size),
-             RoleWork("ref", actor, (PREPARATION,), micro_batch_size)]
-    if critic is not None:
-        roles.insert(1, RoleWork("critic", critic, (PREPARATION, TRAINING), micro_batch_size))
-    if reward is not None:
-        roles.append(RoleWork("reward", reward, (PREPARATION,), micro_batch_size))
-    return tuple(roles)
+    shapes = {Role.ACTOR: actor, Role.CRITIC: critic, Role.REF: actor, Role.REWARD: reward}
+    return tuple(RoleWork(role, shapes[role], role_record(role).stages, micro_batch_size)
+                 for role in model_roles() if shapes[role] is not None)
 
 
 def split_rollout(roles: tuple[RoleWork, ...]) -> tuple[RoleWork, ...]:
-    """The roles of a one-step-off run: the actor hands GENERATION to a `ROLLOUT` role of its own model
+    """The roles of a one-step-off run: the actor hands GENERATION to a rollout role of its own model
     (appended last), keeping preparation (old log-probs) and training."""
     out: list[RoleWork] = []
     rollout: RoleWork | None = None
     for r in roles:
         if r.generates:
-            rollout = RoleWork(ROLLOUT, r.model, (GENERATION,))
+            rollout = RoleWork(Role.ROLLOUT, r.model, role_record(Role.ROLLOUT).stages)
             r = replace(r, stages=tuple(s for s in r.stages if s != GENERATION))
         out.append(r)
     if rollout is None:
