@@ -65,7 +65,7 @@ class EnvironmentRecord(Protocol):
 
 # The project's one registry convention (hybridflow/registry.py); the field names what a config will name.
 _TOOLS: Registry[ToolRecord] = Registry("tool", "tool")
-_ENVIRONMENTS: Registry[EnvironmentRecord] = Registry("environment", "environment")
+_ENVIRONMENTS: Registry[EnvironmentRecord] = Registry("environment", "rollout.environment")
 
 
 def register_tool(record: ToolRecord) -> ToolRecord:
