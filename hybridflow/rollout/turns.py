@@ -23,7 +23,7 @@ from transformers import PreTrainedTokenizerBase
 from hybridflow.errors import UserError
 from hybridflow.rollout.base import RolloutBatch, RolloutEngine, SamplingParams
 from hybridflow.token_kinds import TokenKind
-from hybridflow.tools import EnvironmentRecord, get_tool
+from hybridflow.tools import EnvironmentRecord
 from hybridflow.tools.invocation import EXCEPTION, MALFORMED, TIMEOUT, TOO_MANY_CALLS, UNKNOWN_TOOL
 from hybridflow.tools.observation_tokens import observation_ids
 from hybridflow.tools.trajectory import ASSISTANT, OBSERVATION, PROMPT, TrajectoryTokens
@@ -65,11 +65,6 @@ class TurnSettings:
     max_tool_tokens: int  # per tool response
     budget: int  # tokens per trajectory, data.seq_length
     tools: list[dict] | None = None
-
-
-def environment_tools(environment: EnvironmentRecord) -> list[dict] | None:
-    """The schemas of the tools `environment` offers, for the chat template (None when it offers none)."""
-    return [get_tool(name).schema() for name in environment.tools] or None
 
 
 @dataclass
@@ -160,6 +155,20 @@ def episodes_to_batch(episodes: Sequence[Episode], width: int, pad_token_id: int
     prompt_lens = torch.tensor([len(e.tokens.prompt_ids) for e in episodes], dtype=torch.long)
     return RolloutBatch(tokens.to(device), prompt_lens.to(device), kinds.to(device),
                         logprobs.to(device) if with_logprobs else None)
+
+
+def turn_metrics(stats: torch.Tensor) -> dict[str, float]:
+    """Step metrics of a batch's per-trajectory counts ([B, len(TURN_STATS)]): turns and tool calls per
+    trajectory, tool errors per call and by kind, and the share of trajectories each ending took."""
+    column = {name: stats[:, i] for i, name in enumerate(TURN_STATS)}
+    calls = float(column["tool_calls"].sum())
+    errors = {name: float(c.sum()) for name, c in column.items() if name.startswith("tool_errors/")}
+    out = {"turns/per_trajectory": float(column["turns"].mean()), "turns/max": float(column["turns"].max()),
+           "tools/calls_per_trajectory": float(column["tool_calls"].mean()),
+           "tools/errors_per_call": sum(errors.values()) / calls if calls else 0.0}
+    out |= {f"tools/errors/{name.removeprefix('tool_errors/')}": n for name, n in errors.items()}
+    out |= {f"turns/{name}": float(c.mean()) for name, c in column.items() if name.startswith("ended_")}
+    return out
 
 
 def engine_sampler(engine: RolloutEngine, sampling: SamplingParams, pad_token_id: int,

@@ -13,13 +13,12 @@ from hybridflow.rollout.turns import (
     SampledTurn,
     TurnSettings,
     engine_sampler,
-    environment_tools,
     episodes_to_batch,
     run_turns,
     start_episode,
 )
 from hybridflow.token_kinds import TokenKind
-from hybridflow.tools import get_environment
+from hybridflow.tools import environment_tools, get_environment
 from hybridflow.tools.observation_tokens import render_ids
 from tests.tools.chat_tokenizers import qwen_style_tokenizer
 
@@ -42,7 +41,7 @@ SCRIPTS = [
 def _settings(tokenizer, **overrides) -> TurnSettings:
     env = get_environment("calculator")
     fields = dict(environment=env, tokenizer=tokenizer, prompt_key="prompt", max_turns=4, max_new_tokens=256,
-                  max_tool_tokens=32, budget=1024, tools=environment_tools(env))
+                  max_tool_tokens=32, budget=1024, tools=environment_tools(env.name))
     return TurnSettings(**(fields | overrides))
 
 
