@@ -26,6 +26,7 @@ from hybridflow.engines import AUTO, EngineRecord, get_engine
 from hybridflow.engines.vllm_args import check_engine_args
 from hybridflow.errors import UserError
 from hybridflow.role_records import model_roles, own_model_fields, role_record
+from hybridflow.tools import get_environment
 
 
 @dataclass
@@ -77,6 +78,14 @@ def with_engine(cfg: ExperimentConfig, name: str) -> ExperimentConfig:
     return dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, engine=name), trainer=trainer)
 
 
+def longest_sample(cfg: ExperimentConfig) -> int:
+    """The most tokens one sample may hold: a single-turn sample is its prompt and one response; a multi-turn
+    trajectory (`rollout.environment`) may fill the whole budget, data.seq_length."""
+    if cfg.rollout.environment is not None:
+        return cfg.data.seq_length
+    return min(cfg.data.max_prompt_length + cfg.rollout.max_new_tokens, cfg.data.seq_length)
+
+
 def finalize_experiment(cfg: ExperimentConfig, checkpoints: CheckpointResolver | None = None) -> ExperimentConfig:
     """Fill derived defaults (checkpoint shapes, GPU figures, ref layout, the engine's defaults) and check every
     field's declared range (`check_bounds`), then the rules between fields.
@@ -100,6 +109,8 @@ def finalize_experiment(cfg: ExperimentConfig, checkpoints: CheckpointResolver |
     if not cfg.roles.actor.enabled:  # the rollout has no switch: every experiment has one
         raise UserError("roles.actor.enabled: every experiment needs the actor; set it to true")
 
+    if cfg.rollout.environment is not None:
+        get_environment(cfg.rollout.environment)  # an unknown name: one line listing the registered ones
     _check_overlong_and_reward(cfg)
     _check_lengths(cfg)
     _check_lr_schedule(cfg)
@@ -182,13 +193,16 @@ def _check_lengths(cfg: ExperimentConfig) -> None:
             f"data.seq_length: {cfg.data.seq_length} exceeds model.max_position_embeddings="
             f"{cfg.model.max_position_embeddings}; lower it"
         )
+    longest = longest_sample(cfg)
+    what = ("data.seq_length (a multi-turn trajectory may fill it)" if cfg.rollout.environment is not None
+            else "data.max_prompt_length + rollout.max_new_tokens")
     for role in model_roles():
         budget = cfg.roles.get(role).max_tokens_per_micro_batch
-        if cfg.roles.get(role).enabled and budget and budget < need:
+        if cfg.roles.get(role).enabled and budget and budget < longest:
             # A sample is never split over micro-batches: the budget must hold the longest one.
             raise UserError(
                 f"roles.{role}.max_tokens_per_micro_batch: {budget} is below the longest sample, "
-                f"data.max_prompt_length + rollout.max_new_tokens = {need}; set it to >= {need}, or 0 (off)"
+                f"{what} = {longest}; set it to >= {longest}, or 0 (off)"
             )
     samples = cfg.data.train_batch_size * cfg.rollout.n_samples_per_prompt
     if samples % cfg.algorithm.mini_batch_size:

@@ -41,3 +41,9 @@ class RolloutConfig:
     # bitwise, generation ~15% slower. The native engine draws each batch from one generator seeded by
     # (trainer.seed, step, DP rank), bitwise either way, and ignores this field.
     seed_mode: str = bounded("per_batch", choices=SEED_MODES)
+    # Multi-turn rollouts (hybridflow.tools): a registered environment's name; None = single turn (one assistant
+    # response per prompt). With one, max_new_tokens bounds each assistant turn, the whole trajectory (prompt,
+    # turns, observations) fits data.seq_length, and chat prompts are required.
+    environment: str | None = None
+    max_turns: int = bounded(4, ge=1)  # assistant turns per trajectory
+    max_tool_tokens: int = bounded(256, ge=1)  # tokens of one tool response (longer ones lose their middle)

@@ -20,13 +20,15 @@ def is_chat(value: Any) -> bool:
     )
 
 
-def render_chat(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]]) -> str:
-    """The template's text with the assistant turn opened (`add_generation_prompt=True`).
+def render_chat(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]],
+                tools: list[dict[str, Any]] | None = None) -> str:
+    """The template's text with the assistant turn opened (`add_generation_prompt=True`), with the schemas of
+    the rollout environment's `tools` when there is one (hybridflow.tools.environment_tools).
 
     A leading bos the template writes is dropped when encoding adds one itself, so the prompt does not start
     with two (Llama-style templates write `{{ bos_token }}` and their tokenizers prepend it too).
     """
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
     bos = tokenizer.bos_token
     if bos and text.startswith(bos) and tokenizer("")["input_ids"][:1] == [tokenizer.bos_token_id]:
         text = text[len(bos):]
@@ -34,7 +36,8 @@ def render_chat(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str
 
 
 def render_chat_rows(
-    rows: list[dict[str, Any]], prompt_key: str, tokenizer: PreTrainedTokenizerBase
+    rows: list[dict[str, Any]], prompt_key: str, tokenizer: PreTrainedTokenizerBase,
+    tools: list[dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """Rows whose chat prompts are replaced by rendered text (the messages stay under `<prompt_key>_messages`)."""
     if not any(is_chat(row[prompt_key]) for row in rows):
@@ -49,6 +52,6 @@ def render_chat_rows(
     for row in rows:
         value = row[prompt_key]
         if is_chat(value):
-            row = {**row, prompt_key: render_chat(tokenizer, value), f"{prompt_key}_messages": value}
+            row = {**row, prompt_key: render_chat(tokenizer, value, tools), f"{prompt_key}_messages": value}
         out.append(row)
     return out

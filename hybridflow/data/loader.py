@@ -26,9 +26,12 @@ class PromptLoader:
         seed: int = 0,
         shuffle: bool = True,
         overlong_prompts: str = "drop",
+        tools: list[dict[str, Any]] | None = None,
     ):
         # Chat prompts become template text here, where the tokenizer is known; later stages see only strings.
-        dataset = PromptDataset(render_chat_rows(dataset.rows, dataset.prompt_key, tokenizer), dataset.prompt_key)
+        # `tools`: the rollout environment's tool schemas (hybridflow.tools.environment_tools), rendered too.
+        dataset = PromptDataset(render_chat_rows(dataset.rows, dataset.prompt_key, tokenizer, tools),
+                                dataset.prompt_key)
         self.num_rows = len(dataset)  # before dropping over-long prompts
         self.dataset, self.num_dropped = fit_prompts(dataset, tokenizer, max_prompt_length, overlong_prompts)
         if not 0 < batch_size <= len(self.dataset):

@@ -39,7 +39,7 @@ Parts and the rules used (P = parameters held by the GPU: its pipeline stage's s
                micro_batch_size. With sequence packing
                (`roles.<role>.max_tokens_per_micro_batch` = B > 0; ref's unset value is the actor's) a
                micro-batch is one row of whole samples, each at most S = min(max_prompt_length +
-               max_new_tokens, seq_length) tokens:
+               max_new_tokens, seq_length) tokens (seq_length with rollout.environment: a trajectory):
                  N = min(B, R x S) rounded up to a multiple of t under sequence parallelism (the runtime pads
                      it so), R = the replica's samples per schedule call (mini_batch_size / dp for training,
                      train_batch_size x n_samples_per_prompt / dp for a forward pass);
@@ -66,7 +66,7 @@ import math
 from dataclasses import dataclass, fields
 from typing import Self
 
-from hybridflow.config.experiment import ExperimentConfig, engine_of
+from hybridflow.config.experiment import ExperimentConfig, engine_of, longest_sample
 from hybridflow.config.model import DTYPE_BYTES, ModelConfig
 from hybridflow.config.parallel import RoleConfig, micro_batch_split
 from hybridflow.families import padded_vocab_size
@@ -189,7 +189,7 @@ def micro_batch_shape(
     samples = (cfg.algorithm.mini_batch_size if role_record(role).trained
                else cfg.data.train_batch_size * cfg.rollout.n_samples_per_prompt)
     per_replica = max(1, math.ceil(samples / dp))
-    longest = min(cfg.data.max_prompt_length + cfg.rollout.max_new_tokens, seq)
+    longest = longest_sample(cfg)
     tokens = math.ceil(min(budget, per_replica * longest) / pad_to) * pad_to
     return MicroBatchShape(rows=1, row_tokens=tokens, attention_span=min(longest, budget),
                            count=math.ceil(per_replica / max(1, budget // longest)))

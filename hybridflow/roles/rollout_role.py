@@ -15,6 +15,15 @@ from hybridflow.placement import RoleMesh
 from hybridflow.roles.model_role import ModelRole
 from hybridflow.roles.replica_results import share_from_role
 from hybridflow.rollout.base import EngineSetup, RolloutBatch, RolloutBuilder, RolloutEngine, SamplingParams
+from hybridflow.rollout.turns import (
+    TURN_STATS,
+    TurnSettings,
+    engine_sampler,
+    episodes_to_batch,
+    run_turns,
+    start_episode,
+    turn_metrics,
+)
 from hybridflow.units import GIB
 from megatron_adapters.bridge import ReshardStats, WeightBridge, training_shards
 from megatron_adapters.checkpoint import unwrap
@@ -29,6 +38,7 @@ class LocalSamples(NamedTuple):
     token_kinds: torch.Tensor | None
     logprobs: torch.Tensor | None
     with_logprobs: bool
+    turn_stats: torch.Tensor | None = None  # [rows, len(TURN_STATS)] of a multi-turn rollout
 
 
 @dataclass
@@ -43,6 +53,8 @@ class RolloutRole:
     step: int = 0
     last_sync: ReshardStats | None = None
     memory: dict[str, float] = field(default_factory=dict)  # rollout/* GiB freed by sleep, taken by wake (CUDA)
+    turns: TurnSettings | None = None  # rollout.environment's turn loop; None: single turn
+    turn_metrics: dict[str, float] = field(default_factory=dict)  # turns/*, tools/* of the last batch shared
 
     def generate(self, batch: StepBatch, logprobs: bool = False) -> None:
         """Sample responses for this replica's rows and share tokens, token kinds (and log-probs, if asked for)
@@ -60,14 +72,29 @@ class RolloutRole:
             mine = slice(dp_rank * rows // self.mesh.dp, (dp_rank + 1) * rows // self.mesh.dp)
             sampling = replace(self.sampling, seed=self.sampling.seed + 7919 * self.step + dp_rank, logprobs=logprobs)
             prompts = RolloutBatch(batch.tokens[mine].to(self.device), batch.prompt_lens[mine].to(self.device))
-            out = self.engine.generate(prompts, sampling)
+            stats = None
+            if self.turns is None:
+                out = self.engine.generate(prompts, sampling)
+            else:
+                out, stats = self._run_turns(prompts, batch.rows[mine], sampling)
             if logprobs and out.logprobs is None:
                 raise RuntimeError("the rollout engine returned no log-probs although they were asked for")
             # hand the KV cache (and, at sleep level 2, weights) back to training
             self._track("rollout/sleep_freed_gib", self.engine.sleep, sign=1.0)
-            local = LocalSamples(out.tokens, out.token_kinds, out.logprobs if logprobs else None, logprobs)
+            local = LocalSamples(out.tokens, out.token_kinds, out.logprobs if logprobs else None, logprobs, stats)
         self.step += 1
         return local
+
+    def _run_turns(self, prompts: RolloutBatch, rows: list[dict], sampling: SamplingParams
+                   ) -> tuple[RolloutBatch, torch.Tensor]:
+        """The multi-turn rollout of these prompts (hybridflow.rollout.turns) and its per-row counts."""
+        lens = prompts.prompt_lens.tolist()
+        episodes = [start_episode(prompts.tokens[i, : lens[i]].tolist(), row, self.turns)
+                    for i, row in enumerate(rows)]
+        run_turns(episodes, engine_sampler(self.engine, sampling, sampling.pad_token_id, self.device), self.turns)
+        out = episodes_to_batch(episodes, prompts.tokens.shape[1], sampling.pad_token_id, self.device,
+                                sampling.logprobs)
+        return out, torch.tensor([e.stats() for e in episodes], dtype=torch.float32, device=self.device)
 
     def share(self, batch: StepBatch, local: LocalSamples) -> None:
         """Put `generate_local`'s results of every replica into `batch` on every rank (collective over all);
@@ -77,6 +104,10 @@ class RolloutRole:
         batch.token_kinds = share_from_role(local.token_kinds, self.mesh, rows, shape, torch.long,
                                             self.device).cpu()
         batch.rollout_logprobs = None
+        if self.turns is not None:
+            stats = share_from_role(local.turn_stats, self.mesh, rows, (len(TURN_STATS),), torch.float32,
+                                    self.device).cpu()
+            self.turn_metrics = turn_metrics(stats)
         if local.with_logprobs:
             batch.rollout_logprobs = share_from_role(local.logprobs, self.mesh, rows, shape, torch.float32,
                                                      self.device).cpu()
@@ -121,10 +152,11 @@ def start_rollout(engine: str, setup: EngineSetup) -> object:
 
 def build_rollout_role(
     engine: str, setup: EngineSetup, reshard_plan, sampling: SamplingParams, started: object = NOT_STARTED,
-    bucket_bytes: int = 256 << 20,
+    bucket_bytes: int = 256 << 20, turns: TurnSettings | None = None,
 ) -> RolloutRole:
     """The rollout engine `engine` (a registered name, the plan's rollout_engine) on its ranks and the bridge
-    that feeds it, from `start_rollout`'s `started` (by default the builder starts here). Collective.
+    that feeds it, from `start_rollout`'s `started` (by default the builder starts here); `turns` makes every
+    generation a multi-turn rollout (rollout.environment). Collective.
 
     The engine's record names its builder as an import path (hybridflow.engines); it is resolved here, the
     one place that imports engine code, and says which layout the bridge writes and whether it stages it.
@@ -134,7 +166,8 @@ def build_rollout_role(
         started = builder.start(setup)
     bridge = WeightBridge(reshard_plan, model_shape(setup.hf_dir), builder.target, dtype=setup.dtype,
                           bucket_bytes=bucket_bytes, device=setup.device, staged=builder.staged)
-    return RolloutRole(setup.mesh, builder.build(setup, bridge, started), bridge, sampling, setup.device)
+    return RolloutRole(setup.mesh, builder.build(setup, bridge, started), bridge, sampling, setup.device,
+                       turns=turns)
 
 
 def resolve_builder(path: str) -> RolloutBuilder:

@@ -65,7 +65,7 @@ class EnvironmentRecord(Protocol):
 
 # The project's one registry convention (hybridflow/registry.py); the field names what a config will name.
 _TOOLS: Registry[ToolRecord] = Registry("tool", "tool")
-_ENVIRONMENTS: Registry[EnvironmentRecord] = Registry("environment", "environment")
+_ENVIRONMENTS: Registry[EnvironmentRecord] = Registry("environment", "rollout.environment")
 
 
 def register_tool(record: ToolRecord) -> ToolRecord:
@@ -99,3 +99,11 @@ def get_environment(name: str) -> EnvironmentRecord:
 
 def environment_names() -> tuple[str, ...]:
     return _ENVIRONMENTS.names()
+
+
+def environment_tools(name: str | None) -> list[dict[str, Any]] | None:
+    """The schemas of the tools environment `name` offers, as chat templates take them (`tools=`): prompts
+    and observations are rendered with them. None for no environment (single turn) or one without tools."""
+    if name is None:
+        return None
+    return [get_tool(tool).schema() for tool in get_environment(name).tools] or None

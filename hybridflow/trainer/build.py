@@ -30,6 +30,8 @@ from hybridflow.roles.model_role import (
 )
 from hybridflow.roles.rollout_role import build_rollout_role, start_rollout
 from hybridflow.rollout.base import EngineSetup, SamplingParams
+from hybridflow.rollout.turns import TurnSettings
+from hybridflow.tools import environment_tools, get_environment
 from hybridflow.trainer.model_files import ensure_model_files, role_model_dirs
 from hybridflow.trainer.rl_trainer import TRIM_MULTIPLE, RLTrainer
 from hybridflow.trainer.scorer import build_scorer
@@ -64,6 +66,17 @@ def rollout_sampling(cfg: ExperimentConfig, tokenizer: PreTrainedTokenizerBase) 
         top_k=max(cfg.rollout.top_k, 0), stop_token_ids=stop_token_ids(cfg, tokenizer),
         pad_token_id=tokenizer.pad_token_id, seed=cfg.trainer.seed,
     )
+
+
+def turn_settings(cfg: ExperimentConfig, tokenizer: PreTrainedTokenizerBase) -> TurnSettings | None:
+    """The turn loop of `rollout.environment` (None: single turn); prompts are rendered with the same tools."""
+    if cfg.rollout.environment is None:
+        return None
+    return TurnSettings(environment=get_environment(cfg.rollout.environment), tokenizer=tokenizer,
+                        prompt_key=cfg.data.prompt_key,
+                        max_turns=cfg.rollout.max_turns, max_new_tokens=cfg.rollout.max_new_tokens,
+                        max_tool_tokens=cfg.rollout.max_tool_tokens, budget=cfg.data.seq_length,
+                        tools=environment_tools(cfg.rollout.environment))
 
 
 def build_run(cfg: ExperimentConfig, plan: Plan, work_dir: Path) -> BuiltRun:
@@ -119,7 +132,8 @@ def build_run(cfg: ExperimentConfig, plan: Plan, work_dir: Path) -> BuiltRun:
         )
 
     sampling = rollout_sampling(cfg, tokenizer)
-    rollout = build_rollout_role(plan.rollout_engine, setup, reshard_plan, sampling, started)  # the plan's engine
+    rollout = build_rollout_role(plan.rollout_engine, setup, reshard_plan, sampling, started,  # the plan's engine
+                                 turns=turn_settings(cfg, tokenizer))
     rollout.sync(roles.get(Role.ACTOR))  # the engine starts from the actor's weights, through the bridge
     alg = cfg.algorithm
     trainer = RLTrainer(

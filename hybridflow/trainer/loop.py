@@ -15,6 +15,7 @@ from hybridflow.errors import UserError
 from hybridflow.placement import Plan
 from hybridflow.role_records import Role
 from hybridflow.roles.model_role import copy_weights
+from hybridflow.tools import environment_tools
 from hybridflow.trainer import checkpointing
 from hybridflow.trainer.build import build_run
 from hybridflow.trainer.metrics import MetricsLog
@@ -86,7 +87,8 @@ def train(cfg: ExperimentConfig, plan: Plan) -> dict[str, float]:
     trainer, tokenizer = built.trainer, built.tokenizer
     seed, batch = cfg.trainer.seed, cfg.data.train_batch_size
     loader_with_seed = partial(PromptLoader, built.dataset, tokenizer, batch, cfg.data.max_prompt_length,
-                               overlong_prompts=cfg.data.overlong_prompts)
+                               overlong_prompts=cfg.data.overlong_prompts,
+                               tools=environment_tools(cfg.rollout.environment))
     loader = loader_with_seed(seed=seed)
     ckpt_root = work_dir / "checkpoints"
     resume_from = resume_point(cfg)  # the launching process checked it matches this run

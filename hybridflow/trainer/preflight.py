@@ -10,6 +10,7 @@ from hybridflow.data.vocabulary import check_run_tokens
 from hybridflow.errors import UserError
 from hybridflow.placement import Plan
 from hybridflow.rewards import resolve_reward_fn
+from hybridflow.tools import environment_tools
 from hybridflow.trainer.validation import validation_set, validation_wanted
 
 
@@ -36,7 +37,7 @@ def preflight(cfg: ExperimentConfig, plan: Plan) -> list[str]:
     tokenizer = check_run_tokens(cfg).tokenizer
     d = cfg.data
     loader = PromptLoader(dataset, tokenizer, d.train_batch_size, d.max_prompt_length, seed=cfg.trainer.seed,
-                          overlong_prompts=d.overlong_prompts)
+                          overlong_prompts=d.overlong_prompts, tools=environment_tools(cfg.rollout.environment))
     notes = [_dropped_note(loader.num_dropped, loader.num_rows, "prompts", d.max_prompt_length)]
     if validation_wanted(cfg):
         val, dropped = validation_set(cfg, tokenizer)

@@ -98,6 +98,7 @@ class RLTrainer(RLStep):
         if self.lag:
             self.ready = self.produce(prompts, generating, timer, "wait_rollout", draw)
         metrics |= self.sampling_metrics  # the batch filter's figures of the batch produced in this step
+        metrics |= self.rollout.turn_metrics  # multi-turn: turns/*, tools/* of the last batch shared (filter: drawn)
         with timer("sync"):
             self.rollout.sync(self.roles.get(Role.ACTOR))
         self.steps_done += 1

@@ -19,7 +19,8 @@ def sample_records(tokenizer: PreTrainedTokenizerBase, batch: StepBatch, step: i
     Text is decoded with its special tokens (the template, a stop token), as the model saw and wrote it.
     `response` is every response-side token; `response_tokens` counts the sampled (assistant) ones.
     `finish_reason` is "stop" when the response ends with a stop id, else "length" (the token limit).
-    A multi-turn sample also lists its `turns`: each segment's kind ("assistant", "observation") and text.
+    A multi-turn sample also lists its `turns`: each segment's kind ("assistant", "observation"), text and token
+    ids (what the engine sampled, what the chat template added: token-in-token-out drift shows here).
     """
     records = []
     extent, sampled = response_extent(batch.token_kinds), batch.loss_mask
@@ -34,8 +35,8 @@ def sample_records(tokenizer: PreTrainedTokenizerBase, batch: StepBatch, step: i
         }
         spans = segment_spans(batch.token_kinds[i])
         if len(spans) > 1:
-            record["turns"] = [{"kind": kind.name.lower(), "text": tokenizer.decode(batch.tokens[i, a:b].tolist())}
-                               for a, b, kind in spans]
+            record["turns"] = [{"kind": kind.name.lower(), "text": tokenizer.decode(batch.tokens[i, a:b].tolist()),
+                                "ids": batch.tokens[i, a:b].tolist()} for a, b, kind in spans]
         records.append(record)
     return records
 

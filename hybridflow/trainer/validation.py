@@ -20,6 +20,7 @@ from hybridflow.data.step_batch import StepBatch
 from hybridflow.data.tasks import builtin_task, held_out_rows, is_builtin
 from hybridflow.errors import UserError
 from hybridflow.role_records import Role
+from hybridflow.tools import environment_tools
 
 NUM_BUILTIN_TRAIN = 8192  # load_prompt_dataset's default size of a built-in training set
 
@@ -39,8 +40,8 @@ def validation_set(cfg: ExperimentConfig, tokenizer) -> tuple[PromptDataset, int
             "set data.val_source to a .jsonl/.parquet of validation prompts, or trainer.val_every=0 and "
             "trainer.val_before_train=false"
         )
-    dataset = PromptDataset(render_chat_rows(dataset.rows[: d.val_size], dataset.prompt_key, tokenizer),
-                            dataset.prompt_key)
+    dataset = PromptDataset(render_chat_rows(dataset.rows[: d.val_size], dataset.prompt_key, tokenizer,
+                                             environment_tools(cfg.rollout.environment)), dataset.prompt_key)
     source = f"data.val_source={d.val_source}" if d.val_source else f"the held-out split of {d.source}"
     return fit_prompts(dataset, tokenizer, d.max_prompt_length, d.overlong_prompts, source)
 

@@ -54,7 +54,7 @@ def test_schema_is_the_function_form_chat_templates_render():
 def test_unknown_name_is_one_line_listing_the_known_ones():
     with pytest.raises(UserError, match=r"^tool: 'nope' is unknown; use one of .*calculator"):
         get_tool("nope")
-    with pytest.raises(UserError, match=r"^environment: 'nope' is unknown; use one of .*calculator"):
+    with pytest.raises(UserError, match=r"^rollout.environment: 'nope' is unknown; use one of .*calculator"):
         get_environment("nope")
     assert find_tool("nope") is None
 

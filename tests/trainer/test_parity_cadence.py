@@ -76,6 +76,7 @@ class FakeRollout:
 
     engine = None
     memory: dict[str, float] = {}
+    turn_metrics: dict[str, float] = {}  # single turn
 
     def __init__(self):
         self.asked: list[bool] = []

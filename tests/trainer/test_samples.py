@@ -81,6 +81,7 @@ def test_a_multi_turn_record_shows_each_turn_and_counts_sampled_tokens():
     (record,) = sample_records(tok, batch, step=1, split="train", n=1, stop_token_ids=(tok.eos_token_id,))
     assert record["response"] == "3+456<eos>" and record["response_tokens"] == 4  # 2 + 2 sampled, 2 observed
     assert record["finish_reason"] == "stop"
-    assert record["turns"] == [{"kind": "assistant", "text": "3+"}, {"kind": "observation", "text": "45"},
-                               {"kind": "assistant", "text": "6<eos>"}]
+    assert record["turns"] == [{"kind": "assistant", "text": "3+", "ids": text("3+")},
+                               {"kind": "observation", "text": "45", "ids": text("45")},
+                               {"kind": "assistant", "text": "6<eos>", "ids": text("6") + [tok.eos_token_id]}]
     assert rule_inputs(tok, batch).responses == ["3+456"]  # a rule reads the whole trajectory
