@@ -8,6 +8,7 @@ from typing import Any
 from hybridflow.config.bounds import bounded
 from hybridflow.config.model import DTYPES
 from hybridflow.engines import AUTO, DEFAULT_ENGINE, engine_names
+from hybridflow.tools import environment_names
 
 SEED_MODES = ("per_batch", "per_request")
 
@@ -44,6 +45,6 @@ class RolloutConfig:
     # Multi-turn rollouts (hybridflow.tools): a registered environment's name; None = single turn (one assistant
     # response per prompt). With one, max_new_tokens bounds each assistant turn, the whole trajectory (prompt,
     # turns, observations) fits data.seq_length, and chat prompts are required.
-    environment: str | None = None
+    environment: str | None = bounded(None, choices=environment_names)
     max_turns: int = bounded(4, ge=1)  # assistant turns per trajectory
     max_tool_tokens: int = bounded(256, ge=1)  # tokens of one tool response (longer ones lose their middle)
