@@ -8,7 +8,8 @@ conservative peak (the end-of-run checkpoint is written while the offloaded stat
                Round figures, not measured here.
   optimizer    megatron's HybridDeviceOptimizer (megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py,
                megatron-core 0.19) on the offloaded share f of the rank's distributed-optimizer shard (P / dp
-               parameters): a host fp32 copy of each offloaded parameter (`clone().cpu()` then `.float()`,
+               parameters; a role with LoRA adapters: their P_a / dp, its base being frozen): a host fp32 copy
+               of each offloaded parameter (`clone().cpu()` then `.float()`,
                param_update_in_fp32), torch Adam's exp_avg and exp_avg_sq on it (fp32), and the pinned fp32
                buffer its gradients are copied into (`cpu_copy_map_grad`, pin_cpu_grads):
                16 bytes x f x P / dp. The grad buffer is page-locked: the OS can never swap it out.
@@ -43,7 +44,9 @@ from hybridflow.placement.memory import (
     offloaded_share,
     optimizer_bytes,
     padded_vocab,
+    stage_adapter_params,
     stage_params,
+    trained_params,
 )
 from hybridflow.placement.mesh import RoleMesh
 
@@ -69,9 +72,10 @@ def writes_dist_checkpoints(cfg: ExperimentConfig) -> bool:
 
 def offloaded_optimizer_bytes(cfg: ExperimentConfig, role: str, mesh: RoleMesh, stage: int) -> int:
     """Host bytes of one rank's offloaded optimizer share (module docstring, "optimizer")."""
-    share = offloaded_share(cfg.roles.get(role))
-    params = stage_params(cfg.role_model(role), role, mesh.tp, mesh.pp, stage)
-    return math.ceil(HOST_OPTIMIZER_BYTES_PER_PARAM * share * params / mesh.dp)
+    role_cfg, model = cfg.roles.get(role), cfg.role_model(role)
+    params = trained_params(stage_params(model, role, mesh.tp, mesh.pp, stage),
+                            stage_adapter_params(model, role_cfg, mesh.tp, mesh.pp))
+    return math.ceil(HOST_OPTIMIZER_BYTES_PER_PARAM * offloaded_share(role_cfg) * params / mesh.dp)
 
 
 def rank_host_memory(cfg: ExperimentConfig, meshes: Mapping[str, RoleMesh], rank: int) -> HostMemoryEstimate:
@@ -97,9 +101,11 @@ def rank_host_memory(cfg: ExperimentConfig, meshes: Mapping[str, RoleMesh], rank
             continue
         optimizer += offloaded_optimizer_bytes(cfg, role, mesh, stage)
         tp_rank, dp_rank, _ = mesh.coords(rank)
-        weights = params * DTYPE_BYTES[model.dtype] if dp_rank == 0 else 0
+        adapters = stage_adapter_params(model, cfg.roles.get(role), mesh.tp, mesh.pp)
+        weights = (params + adapters) * DTYPE_BYTES[model.dtype] if dp_rank == 0 else 0
         if writes_dist_checkpoints(cfg):
-            on_gpu = optimizer_bytes(model, params, mesh.dp) * (1 - offloaded_share(cfg.roles.get(role)))
+            trained = trained_params(params, adapters)
+            on_gpu = optimizer_bytes(model, trained, mesh.dp) * (1 - offloaded_share(cfg.roles.get(role)))
             dist_ckpt += weights + math.ceil(on_gpu)
         if role == Role.ACTOR and dp_rank == 0 and tp_rank == 0:
             hf_export = stage_params(model, role, 1, mesh.pp, stage) * DTYPE_BYTES[model.dtype]

@@ -5,6 +5,11 @@ Parts and the rules used (P = parameters held by the GPU: its pipeline stage's s
                traits.shares_actor_weights: the native engine) on the actor's exact GPUs and layout reads the
                actor's tensors in place: 0.
   grads        P x 4 for trained roles (actor, critic): megatron keeps fp32 main grads for bf16 training.
+               A role with LoRA adapters (`roles.<role>.lora`) holds its base weights once in the model dtype
+               with no grads or optimizer state (frozen before megatron's DDP wrap): weights are (P + P_a) x
+               dtype bytes and grads and optimizer count only the adapters' P_a (param_count.layer_lora_params).
+               The reference of an actor with adapters is that actor's model with them off
+               (config.parallel.reference_is_actor_base): weights 0, only its forward pass's activations.
   optimizer    Adam, distributed optimizer: (fp32 master copy 4 + two fp32 moments 8) = 12 bytes per
                parameter for bf16/fp16 models (8 for fp32 models, which need no master copy), sharded over
                DP; with `offload_optimizer` only the share not offloaded, (1 - offload_fraction) of it (the
@@ -68,10 +73,17 @@ from typing import Self
 
 from hybridflow.config.experiment import ExperimentConfig, engine_of
 from hybridflow.config.model import DTYPE_BYTES, ModelConfig
-from hybridflow.config.parallel import TRAINED_ROLES, VALUE_HEAD_ROLES, Role, RoleConfig, micro_batch_split
+from hybridflow.config.parallel import (
+    TRAINED_ROLES,
+    VALUE_HEAD_ROLES,
+    Role,
+    RoleConfig,
+    micro_batch_split,
+    reference_is_actor_base,
+)
 from hybridflow.families import padded_vocab_size
 from hybridflow.placement.mesh import ParallelDims
-from hybridflow.placement.param_count import layer_matmul_params
+from hybridflow.placement.param_count import layer_lora_params, layer_matmul_params
 from hybridflow.units import GIB  # noqa: F401  (placement re-exports it)
 
 GRAD_BYTES = 4  # fp32 main grads
@@ -128,6 +140,17 @@ def stage_params(model: ModelConfig, role: str, tp: int, pp: int, stage: int) ->
         elif not model.tie_word_embeddings or pp > 1:
             params += embedding  # untied head, or the tied copy megatron keeps on the last stage
     return params
+
+
+def stage_adapter_params(model: ModelConfig, role_cfg: RoleConfig, tp: int, pp: int) -> int:
+    """LoRA adapter parameters one GPU of any pipeline stage of a role holds (0 without `lora`)."""
+    lora = role_cfg.lora
+    if not lora.enabled:
+        return 0
+    h_kv = model.num_key_value_heads * model.attention_head_dim
+    per_layer = layer_lora_params(model.hidden_size, model.intermediate_size, h_kv, model.q_dim, lora.rank,
+                                  lora.target_modules, tp)
+    return per_layer * (model.num_hidden_layers // pp)
 
 
 def activation_bytes_per_token_layer(
@@ -216,7 +239,9 @@ def estimate_role_memory(
     if role == "rollout":
         weights = 0 if shares_actor_weights else params * DTYPE_BYTES[cfg.rollout.dtype or model.dtype]
         return _rollout_memory(model, tp, pp, dp, cfg, weights)
-    weights = params * DTYPE_BYTES[model.dtype]
+    adapters = stage_adapter_params(model, role_cfg, tp, pp)
+    base_shared = role == Role.REF and reference_is_actor_base(cfg.roles)  # the actor's model, adapters off
+    weights = 0 if base_shared else (params + adapters) * DTYPE_BYTES[model.dtype]
     sp = bool(role_cfg.parallel.sequence_parallel) and tp > 1
     pad_to = tp if sp else 1
     activations = _activation_bytes(model, role, dims, cfg, stage, micro_batch_shape(cfg, role, dp, pad_to))
@@ -226,8 +251,15 @@ def estimate_role_memory(
         activations = max(activations, _activation_bytes(model, role, dims, cfg, stage, padded))
     if role not in TRAINED_ROLES:
         return MemoryEstimate(weights=weights, activations=activations)
-    optimizer = math.ceil(optimizer_bytes(model, params, dp) * (1 - offloaded_share(role_cfg)))
-    return MemoryEstimate(weights=weights, grads=params * GRAD_BYTES, optimizer=optimizer, activations=activations)
+    trained = trained_params(params, adapters)
+    optimizer = math.ceil(optimizer_bytes(model, trained, dp) * (1 - offloaded_share(role_cfg)))
+    return MemoryEstimate(weights=weights, grads=trained * GRAD_BYTES, optimizer=optimizer, activations=activations)
+
+
+def trained_params(params: int, adapters: int) -> int:
+    """The parameters a trained role keeps grads and optimizer state for: its adapters when it has any (the base
+    is frozen), else all `params`."""
+    return adapters or params
 
 
 def optimizer_bytes(model: ModelConfig, params: int, dp: int) -> float:
