@@ -4,6 +4,9 @@ The checkpoint is TP x PP independent (every tensor is stored by its global shap
 saved at TP2 x PP2 loads at TP1, TP4, ... A checkpoint directory also holds the HF ``config.json`` it was
 built from (``hf_config/``), so ``mcore-to-hf`` conversion and later loads need nothing else.
 
+A model with LoRA adapters saves and loads its adapters only (and its optimizer's state, which covers nothing
+else): its frozen base never changes from the HF checkpoint it is built from, which restores it bitwise.
+
 Collective: call on every rank of the role. Scripts that save need an ``if __name__ == "__main__"`` guard
 (dist_checkpointing starts a multiprocessing Manager).
 """
@@ -21,6 +24,7 @@ from megatron.core.dist_checkpointing.serialization import load_content_metadata
 from megatron.core.dist_checkpointing.strategies import filesystem_async
 from megatron.core.dist_checkpointing.utils import add_prefix_for_sharding
 
+from megatron_adapters.lora import is_adapter_param
 from megatron_adapters.model import load_hf_config
 
 HF_CONFIG_DIR = "hf_config"
@@ -45,7 +49,9 @@ def sharded_state(model, optimizer=None, is_loading: bool = False, prefix: str =
     """
     gpt = unwrap(model)
     metadata = {"dp_cp_group": gpt.pg_collection.dp_cp}
-    state = {"model": gpt.sharded_state_dict(prefix=prefix, metadata=metadata)}
+    entries = gpt.sharded_state_dict(prefix=prefix, metadata=metadata)
+    adapters = _adapter_keys(gpt, prefix)
+    state = {"model": {k: v for k, v in entries.items() if k in adapters} if adapters else entries}
     if optimizer is not None:
         state["optimizer"] = optimizer.sharded_state_dict(
             state["model"], is_loading=is_loading, metadata={**metadata, **OPTIMIZER_METADATA}
@@ -53,6 +59,11 @@ def sharded_state(model, optimizer=None, is_loading: bool = False, prefix: str =
         if prefix:  # the optimizer names its shards after its buffers, not the model's prefixed keys
             add_prefix_for_sharding(state["optimizer"], prefix)
     return state
+
+
+def _adapter_keys(gpt, prefix: str = "") -> set[str]:
+    """The state-dict keys of ``gpt``'s LoRA adapter weights (empty without adapters)."""
+    return {prefix + name for name, param in gpt.named_parameters() if is_adapter_param(param)}
 
 
 def save_checkpoint(
@@ -183,9 +194,12 @@ def _load_optimizer_state(optimizer, state: dict) -> None:
 
 
 def _load_weights(gpt, weights: dict, ckpt_dir) -> None:
-    # strict=False only for megatron's empty `_extra_state` entries; real parameters must all be there.
+    # strict=False only for megatron's empty `_extra_state` entries and an adapted model's frozen base (not
+    # saved); real parameters must all be there.
     result = gpt.load_state_dict(weights, strict=False)
-    missing = [k for k in result.missing_keys if not k.endswith("_extra_state")]
+    adapters = _adapter_keys(gpt)
+    missing = [k for k in result.missing_keys
+               if not k.endswith("_extra_state") and (not adapters or k in adapters)]
     if missing:
         raise ValueError(f"ckpt: {ckpt_dir} lacks parameters {missing}; was it saved from this model?")
 

@@ -23,7 +23,7 @@ conservative peak (the end-of-run checkpoint is written while the offloaded stat
                  megatron's dist_checkpointing, which stages every tensor it writes in host memory at once
                  (filesystem_async.preload_tensors: `tensor.to("cpu")`): each trained role's GPU-resident
                  optimizer share (offloaded states are written from where they live) and, on DP replica 0 (the
-                 replica that writes them), its weights.
+                 replica that writes them), its weights (a role with LoRA adapters: the adapters only).
   hf_load      loading HF safetensors reads each tensor's shard (memory-mapped, so the file's pages are cache
                the OS can drop): the largest one, the (padded) embedding shard, read and converted (x 2).
 """
@@ -101,10 +101,10 @@ def rank_host_memory(cfg: ExperimentConfig, meshes: Mapping[str, RoleMesh], rank
             continue
         optimizer += offloaded_optimizer_bytes(cfg, role, mesh, stage)
         tp_rank, dp_rank, _ = mesh.coords(rank)
-        adapters = stage_adapter_params(model, cfg.roles.get(role), mesh.tp, mesh.pp)
-        weights = (params + adapters) * DTYPE_BYTES[model.dtype] if dp_rank == 0 else 0
+        # a role with LoRA adapters checkpoints them only (its base is the HF checkpoint it starts from)
+        trained = trained_params(params, stage_adapter_params(model, cfg.roles.get(role), mesh.tp, mesh.pp))
+        weights = trained * DTYPE_BYTES[model.dtype] if dp_rank == 0 else 0
         if writes_dist_checkpoints(cfg):
-            trained = trained_params(params, adapters)
             on_gpu = optimizer_bytes(model, trained, mesh.dp) * (1 - offloaded_share(cfg.roles.get(role)))
             dist_ckpt += weights + math.ceil(on_gpu)
         if role == Role.ACTOR and dp_rank == 0 and tp_rank == 0:

@@ -37,6 +37,7 @@ from megatron_adapters.optimizer import (
     join_optimizer_build_elsewhere,
     wrap_for_training,
 )
+from megatron_adapters.peft_export import save_peft_adapter
 from megatron_adapters.process_groups import seed_role_rng
 from megatron_adapters.specs import resolve_spec_name
 
@@ -85,6 +86,16 @@ class ModelRole:
         model = unwrap(self.model)
         with adapters_merged(model):
             save_hf_weights(model, out_dir, hf_dir)
+
+    def save_adapter(self, out_dir: str | Path, hf_dir: str | Path) -> bool:
+        """Write this role's LoRA adapters as an HF PEFT adapter (adapter_config.json + adapter_model.safetensors,
+        base model `hf_dir`) in `out_dir`; False, writing nothing, for a role without adapters. Collective over
+        the role's ranks."""
+        model = unwrap(self.model)
+        if getattr(model, "lora", None) is None:
+            return False
+        save_peft_adapter(model, out_dir, str(hf_dir))
+        return True
 
     def load_hf(self, hf_dir: str | Path) -> None:
         """Load an HF checkpoint into this rank's shards of the model. The actor's base model (`adapters_off`)
