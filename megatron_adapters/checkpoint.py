@@ -4,8 +4,9 @@ The checkpoint is TP x PP independent (every tensor is stored by its global shap
 saved at TP2 x PP2 loads at TP1, TP4, ... A checkpoint directory also holds the HF ``config.json`` it was
 built from (``hf_config/``), so ``mcore-to-hf`` conversion and later loads need nothing else.
 
-A model with LoRA adapters saves and loads its adapters only (and its optimizer's state, which covers nothing
-else): its frozen base never changes from the HF checkpoint it is built from, which restores it bitwise.
+A model with LoRA adapters saves and loads its trained weights only (the adapters, and a scalar head), with its
+optimizer's state, which covers nothing else: its frozen base never changes from the HF checkpoint it is built
+from, which restores it bitwise.
 
 Collective: call on every rank of the role. Scripts that save need an ``if __name__ == "__main__"`` guard
 (dist_checkpointing starts a multiprocessing Manager).
@@ -50,8 +51,8 @@ def sharded_state(model, optimizer=None, is_loading: bool = False, prefix: str =
     gpt = unwrap(model)
     metadata = {"dp_cp_group": gpt.pg_collection.dp_cp}
     entries = gpt.sharded_state_dict(prefix=prefix, metadata=metadata)
-    adapters = _adapter_keys(gpt, prefix)
-    state = {"model": {k: v for k, v in entries.items() if k in adapters} if adapters else entries}
+    trained = _adapted_trained_keys(gpt, prefix)
+    state = {"model": {k: v for k, v in entries.items() if k in trained} if trained else entries}
     if optimizer is not None:
         state["optimizer"] = optimizer.sharded_state_dict(
             state["model"], is_loading=is_loading, metadata={**metadata, **OPTIMIZER_METADATA}
@@ -61,9 +62,12 @@ def sharded_state(model, optimizer=None, is_loading: bool = False, prefix: str =
     return state
 
 
-def _adapter_keys(gpt, prefix: str = "") -> set[str]:
-    """The state-dict keys of ``gpt``'s LoRA adapter weights (empty without adapters)."""
-    return {prefix + name for name, param in gpt.named_parameters() if is_adapter_param(param)}
+def _adapted_trained_keys(gpt, prefix: str = "") -> set[str]:
+    """The state-dict keys of the weights a model with LoRA adapters trains (its adapters, a scalar head); empty
+    for a model without adapters, which saves everything."""
+    if not any(is_adapter_param(param) for param in gpt.parameters()):
+        return set()
+    return {prefix + name for name, param in gpt.named_parameters() if param.requires_grad}
 
 
 def save_checkpoint(
@@ -197,9 +201,9 @@ def _load_weights(gpt, weights: dict, ckpt_dir) -> None:
     # strict=False only for megatron's empty `_extra_state` entries and an adapted model's frozen base (not
     # saved); real parameters must all be there.
     result = gpt.load_state_dict(weights, strict=False)
-    adapters = _adapter_keys(gpt)
+    trained = _adapted_trained_keys(gpt)
     missing = [k for k in result.missing_keys
-               if not k.endswith("_extra_state") and (not adapters or k in adapters)]
+               if not k.endswith("_extra_state") and (not trained or k in trained)]
     if missing:
         raise ValueError(f"ckpt: {ckpt_dir} lacks parameters {missing}; was it saved from this model?")
 

@@ -44,9 +44,8 @@ from hybridflow.placement.memory import (
     offloaded_share,
     optimizer_bytes,
     padded_vocab,
-    stage_adapter_params,
     stage_params,
-    trained_params,
+    stage_trained_params,
 )
 from hybridflow.placement.mesh import RoleMesh
 
@@ -73,8 +72,7 @@ def writes_dist_checkpoints(cfg: ExperimentConfig) -> bool:
 def offloaded_optimizer_bytes(cfg: ExperimentConfig, role: str, mesh: RoleMesh, stage: int) -> int:
     """Host bytes of one rank's offloaded optimizer share (module docstring, "optimizer")."""
     role_cfg, model = cfg.roles.get(role), cfg.role_model(role)
-    params = trained_params(stage_params(model, role, mesh.tp, mesh.pp, stage),
-                            stage_adapter_params(model, role_cfg, mesh.tp, mesh.pp))
+    params = stage_trained_params(model, role, role_cfg, mesh.tp, mesh.pp, stage)
     return math.ceil(HOST_OPTIMIZER_BYTES_PER_PARAM * offloaded_share(role_cfg) * params / mesh.dp)
 
 
@@ -102,7 +100,7 @@ def rank_host_memory(cfg: ExperimentConfig, meshes: Mapping[str, RoleMesh], rank
         optimizer += offloaded_optimizer_bytes(cfg, role, mesh, stage)
         tp_rank, dp_rank, _ = mesh.coords(rank)
         # a role with LoRA adapters checkpoints them only (its base is the HF checkpoint it starts from)
-        trained = trained_params(params, stage_adapter_params(model, cfg.roles.get(role), mesh.tp, mesh.pp))
+        trained = stage_trained_params(model, role, cfg.roles.get(role), mesh.tp, mesh.pp, stage)
         weights = trained * DTYPE_BYTES[model.dtype] if dp_rank == 0 else 0
         if writes_dist_checkpoints(cfg):
             on_gpu = optimizer_bytes(model, trained, mesh.dp) * (1 - offloaded_share(cfg.roles.get(role)))

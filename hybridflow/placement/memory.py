@@ -59,7 +59,9 @@ Parts and the rules used (P = parameters held by the GPU: its pipeline stage's s
                needs, 2 (K,V) x L/pp x max(kv_heads/t, 1) x head_dim x dtype bytes per token, for
                (prompts x samples / DP) sequences of data.seq_length tokens. megatron: that;
                vllm: gpu_memory_utilization x capacity - weights (vLLM pre-allocates it).
-Not counted: CUDA contexts (the vLLM engine process has its own), NCCL buffers, the bridge's buckets (256 MiB; a vLLM
+Not counted: the copy of an adapted actor's base linears that a merged weight sync (or the merged HF export) keeps
+while the merged weights are shipped (megatron_adapters.lora.adapters_merged; no activations are alive then),
+CUDA contexts (the vLLM engine process has its own), NCCL buffers, the bridge's buckets (256 MiB; a vLLM
 rank also keeps one bucket as the staging buffer it shares with its engine process), allocator
 fragmentation: `cluster.gpu_memory_headroom_gib` keeps room for them, and the planner's checks and the auto
 search compare estimates with the capacity less that headroom.
@@ -251,15 +253,19 @@ def estimate_role_memory(
         activations = max(activations, _activation_bytes(model, role, dims, cfg, stage, padded))
     if role not in TRAINED_ROLES:
         return MemoryEstimate(weights=weights, activations=activations)
-    trained = trained_params(params, adapters)
+    trained = stage_trained_params(model, role, role_cfg, tp, pp, stage)
     optimizer = math.ceil(optimizer_bytes(model, trained, dp) * (1 - offloaded_share(role_cfg)))
     return MemoryEstimate(weights=weights, grads=trained * GRAD_BYTES, optimizer=optimizer, activations=activations)
 
 
-def trained_params(params: int, adapters: int) -> int:
-    """The parameters a trained role keeps grads and optimizer state for: its adapters when it has any (the base
-    is frozen), else all `params`."""
-    return adapters or params
+def stage_trained_params(model: ModelConfig, role: str, role_cfg: RoleConfig, tp: int, pp: int, stage: int) -> int:
+    """The parameters one GPU of a trained role keeps grads and optimizer state for (and, with adapters,
+    checkpoints): with LoRA its adapters, plus a scalar head on the last stage (it trains with them), the base
+    being frozen; else all of its stage's parameters."""
+    if not role_cfg.lora.enabled:
+        return stage_params(model, role, tp, pp, stage)
+    head = model.hidden_size if role in VALUE_HEAD_ROLES and stage == pp - 1 else 0
+    return stage_adapter_params(model, role_cfg, tp, pp) + head
 
 
 def optimizer_bytes(model: ModelConfig, params: int, dp: int) -> float:

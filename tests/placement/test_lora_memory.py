@@ -9,7 +9,13 @@ import torch.distributed as dist
 from hybridflow.config import load_experiment
 from hybridflow.placement.config_plan import plan_placement
 from hybridflow.placement.host_memory import offloaded_optimizer_bytes
-from hybridflow.placement.memory import GRAD_BYTES, estimate_role_memory, stage_adapter_params, stage_params
+from hybridflow.placement.memory import (
+    GRAD_BYTES,
+    estimate_role_memory,
+    stage_adapter_params,
+    stage_params,
+    stage_trained_params,
+)
 from hybridflow.placement.mesh import RoleMesh
 from tests.distributed_harness import run_distributed
 from tests.megatron_adapters.tiny_hf_models import save_tiny_model
@@ -27,8 +33,12 @@ def _adapter_numel(path, targets):
     out = {}
     for tp in (1, 2):
         lora = LoraSettings(rank=4, alpha=8.0, target_modules=tuple(f"linear_{t}" for t in targets))
-        model = build_gpt(path, build_role_groups([0, 1], tp=tp, pp=1, dp=2 // tp), spec="sdpa", lora=lora)
-        out[tp] = sum(p.numel() for p in model.parameters() if is_adapter_param(p))
+        groups = build_role_groups([0, 1], tp=tp, pp=1, dp=2 // tp)
+        model = build_gpt(path, groups, spec="sdpa", lora=lora)
+        critic = build_gpt(path, groups, head="value", spec="sdpa", lora=lora)
+        out[tp] = (sum(p.numel() for p in model.parameters() if is_adapter_param(p)),
+                   sum(p.numel() for p in model.parameters() if p.requires_grad),
+                   sum(p.numel() for p in critic.parameters() if p.requires_grad))
     dist.barrier()
     return out
 
@@ -38,9 +48,14 @@ def test_adapter_count_is_the_built_models(tmp_path):
     for targets in (["qkv", "proj", "fc1", "fc2"], ["qkv", "fc2"]):
         cfg = load_experiment("tiny_cpu", [f"model.path={tmp_path}", "roles.actor.lora.rank=4",
                                            f"roles.actor.lora.target_modules=[{','.join(targets)}]"])
+        cfg.roles.critic.lora = cfg.roles.actor.lora
         built = run_distributed(_adapter_numel, 2, args=(str(tmp_path), targets))[0]
-        for tp, numel in built.items():
-            assert stage_adapter_params(cfg.model, cfg.roles.actor, tp, 1) == numel, (targets, tp)
+        for tp, (adapters, actor_trained, critic_trained) in built.items():
+            assert stage_adapter_params(cfg.model, cfg.roles.actor, tp, 1) == adapters, (targets, tp)
+            assert stage_trained_params(cfg.model, "actor", cfg.roles.actor, tp, 1, 0) == actor_trained == adapters
+            # the critic's scalar head trains with its adapters
+            assert stage_trained_params(cfg.model, "critic", cfg.roles.critic, tp, 1, 0) == critic_trained
+            assert critic_trained == adapters + cfg.model.hidden_size
 
 
 def test_lora_memory_parts():
