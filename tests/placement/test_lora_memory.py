@@ -100,3 +100,27 @@ def test_8b_grpo_on_one_h100_plans_with_lora_only(tmp_path):
     ref, actor = plan.role_memory[0]["ref"], plan.role_memory[0]["actor"]
     assert ref.weights == ref.grads == ref.optimizer == 0 and ref.activations > 0
     assert actor.grads < actor.weights / 10  # adapters only: rank 32 is ~1% of 8B
+
+
+def test_auto_search_puts_the_reference_on_the_actor():
+    from hybridflow.placement.auto.from_config import workload_from_config
+
+    cfg = load_experiment("tiny_cpu", ["placement=auto", "roles.actor.lora.rank=8"])
+    plan = plan_placement(cfg)
+    ref, actor = plan.meshes["ref"], plan.meshes["actor"]
+    assert (ref.ranks, ref.tp, ref.pp, ref.dp) == (actor.ranks, actor.tp, actor.pp, actor.dp)
+    assert plan.role_memory[actor.ranks[0]]["ref"].weights == 0
+    # not searched as a role: its log-prob pass is the actor's second preparation pass
+    lora, full = workload_from_config(cfg), workload_from_config(load_experiment("tiny_cpu", ["placement=auto"]))
+    assert "ref" not in lora.role_names and lora.role("actor").preparation_passes == 2
+    assert "ref" in full.role_names and full.role("actor").preparation_passes == 1
+    from dataclasses import replace
+
+    from hybridflow.placement.auto.cost_model import inference_breakdown
+    from hybridflow.placement.auto.device import DeviceSpec, efficiency_for
+    from hybridflow.placement.auto.strategy import Strategy
+
+    device, eff, s = DeviceSpec.from_cluster(cfg.cluster), efficiency_for(cfg.cluster.gpu_type), Strategy(2, 1, 2, 0)
+    one = inference_breakdown(full.role("actor"), s, full, device, eff)
+    two = inference_breakdown(replace(full.role("actor"), preparation_passes=2), s, full, device, eff)
+    assert one and two == {part: 2 * seconds for part, seconds in one.items()}
