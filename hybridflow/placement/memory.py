@@ -155,6 +155,14 @@ def stage_adapter_params(model: ModelConfig, role_cfg: RoleConfig, tp: int, pp: 
     return per_layer * (model.num_hidden_layers // pp)
 
 
+def sequence_parallel(cfg: ExperimentConfig, role: str, tp: int) -> bool:
+    """Whether a role's activations are split over TP: its setting at tp > 1, except for a model with LoRA
+    adapters (the actor's, for a reference that is its base), which is built without Transformer Engine and so
+    without sequence parallelism (hybridflow.roles.model_role.model_spec)."""
+    adapted = cfg.roles.get(role).lora.enabled or (role == Role.REF and reference_is_actor_base(cfg.roles))
+    return bool(cfg.roles.get(role).parallel.sequence_parallel) and tp > 1 and not adapted
+
+
 def activation_bytes_per_token_layer(
     model: ModelConfig, seq_length: int, tp: int, sequence_parallel: bool, recompute: str
 ) -> float:
@@ -244,7 +252,7 @@ def estimate_role_memory(
     adapters = stage_adapter_params(model, role_cfg, tp, pp)
     base_shared = role == Role.REF and reference_is_actor_base(cfg.roles)  # the actor's model, adapters off
     weights = 0 if base_shared else (params + adapters) * DTYPE_BYTES[model.dtype]
-    sp = bool(role_cfg.parallel.sequence_parallel) and tp > 1
+    sp = sequence_parallel(cfg, role, tp)
     pad_to = tp if sp else 1
     activations = _activation_bytes(model, role, dims, cfg, stage, micro_batch_shape(cfg, role, dp, pad_to))
     if role == Role.ACTOR and cfg.trainer.warmup_sft_steps and token_budget(cfg, role):
@@ -304,7 +312,7 @@ def _activation_bytes(
     """Activations (with the LM head's logits) of `role` on pipeline stage `stage` for micro-batches of `shape`."""
     tp, pp = dims.tp, dims.pp
     role_cfg = cfg.roles.get(role)
-    sp = bool(role_cfg.parallel.sequence_parallel) and tp > 1
+    sp = sequence_parallel(cfg, role, tp)
     # rows x row_tokens, in this order, keeps unpacked figures bit-identical to the mbs x seq form.
     seq, mbs = shape.row_tokens, shape.rows
     per_layer = activation_bytes_per_token_layer(model, shape.attention_span, tp, sp, role_cfg.activation_recompute)

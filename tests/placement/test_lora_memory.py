@@ -124,3 +124,14 @@ def test_auto_search_puts_the_reference_on_the_actor():
     one = inference_breakdown(full.role("actor"), s, full, device, eff)
     two = inference_breakdown(replace(full.role("actor"), preparation_passes=2), s, full, device, eff)
     assert one and two == {part: 2 * seconds for part, seconds in one.items()}
+
+
+def test_adapted_models_count_activations_without_sequence_parallelism():
+    # adapters replace megatron-core's local linears: no Transformer Engine spec, so no sequence parallelism
+    dims = RoleMesh("actor", (0, 1, 2, 3), tp=2, pp=1, dp=2)
+    sp, lora = (load_experiment("tiny_cpu", [*extra, "roles.actor.parallel.sequence_parallel=true"])
+                for extra in ((), ("roles.actor.lora.rank=8",)))
+    no_sp = load_experiment("tiny_cpu", ["roles.actor.parallel.sequence_parallel=false"])
+    for role in ("actor", "ref"):
+        with_sp, adapted, without = (estimate_role_memory(c.model, role, dims, c) for c in (sp, lora, no_sp))
+        assert with_sp.activations < without.activations == adapted.activations, role
