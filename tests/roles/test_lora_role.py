@@ -94,3 +94,51 @@ def test_lora_role_trains_adapters_only(tmp_path, tp):
         assert (out["actor_before"] - out["base"]).abs().max() > 1e-4
         # the reference's pass switched the adapters off only for itself
         assert torch.equal(out["actor_after"], out["actor_before"])
+
+
+def _sync_rank(hf_dir: str, ids: torch.Tensor) -> dict:
+    from hybridflow.config.parallel import LoraConfig
+    from hybridflow.placement import RoleMesh
+    from hybridflow.roles.model_role import OptimizerSettings, build_model_role, lora_settings
+    from hybridflow.roles.rollout_role import RolloutRole
+    from megatron_adapters.checkpoint import unwrap
+    from megatron_adapters.hf_safetensors import stage_entries
+    from megatron_adapters.lora import adapter_modules
+    from megatron_adapters.process_groups import build_role_groups
+
+    groups = build_role_groups([0, 1], tp=2, pp=1, dp=1)
+    mesh = RoleMesh("actor", (0, 1), 2, 1, 1)
+    actor = build_model_role("actor", mesh, groups, hf_dir, "lm", torch.float32, 2,
+                             optimizer=OptimizerSettings(lr=1e-2), seed=1, lora=lora_settings(LoraConfig(rank=4)))
+    actor.train(actor.micro_batches({"input_ids": ids}), _loss(actor))  # B moves off zero
+    model = unwrap(actor.model)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    params = dict(model.named_parameters())
+    expected = {entry.mcore: params[name].detach().clone() for entry, name in stage_entries(model)}
+    moved = 0.0
+    for name, module in adapter_modules(model):  # independent of adapters_merged: W + (alpha / rank) B A
+        key = next(entry.mcore for entry, n in stage_entries(model) if n == f"{name}.weight")
+        expected[key] = expected[key] + module.delta_weight().detach()
+        moved = max(moved, float(module.delta_weight().abs().max()))
+
+    class Bridge:  # records what the engine would receive
+        def reshard(self, src, dst, on_bucket):
+            self.shipped = {k: v.clone() for k, v in src.items()}
+            return dst, None
+
+    bridge = Bridge()
+    RolloutRole(mesh, None, bridge, None, torch.device("cpu")).sync(actor)
+    return {"shipped": bridge.shipped, "expected": expected, "moved": moved,
+            "restored": all(torch.equal(p.detach(), before[n]) for n, p in model.named_parameters()),
+            "adapted": {f"{name}.weight" for name, _ in adapter_modules(model)}}
+
+
+def test_sync_ships_merged_weights_and_restores_the_base(tmp_path):
+    hf = save_tiny_model("llama", tmp_path, seed=3)
+    ids = token_batch(hf.config.vocab_size, batch=2, seq=SEQ, seed=5)
+    for out in run_distributed(_sync_rank, world_size=2, args=(str(tmp_path), ids)):
+        assert out["adapted"] and out["restored"] and out["moved"] > 1e-4  # the merge changes what is shipped
+        shipped, expected = out["shipped"], out["expected"]
+        assert shipped.keys() == expected.keys()
+        for key, value in expected.items():
+            torch.testing.assert_close(shipped[key], value, rtol=1e-6, atol=1e-7, msg=key)
