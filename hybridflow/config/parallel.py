@@ -163,5 +163,6 @@ class RolesConfig:
 def reference_is_actor_base(roles: RolesConfig) -> bool:
     """Whether the reference role is the actor's model with its adapters off (the actor trains LoRA adapters)
     rather than a model of its own: no second copy of the weights, and the ref's mesh is the actor's. The one
-    place this is decided; the planner's memory, the run's build and its weight copies ask it."""
+    place this is decided: the config and plan checks, the planner's memory and auto search and the run's build
+    ask it."""
     return roles.ref.enabled and roles.actor.lora.enabled

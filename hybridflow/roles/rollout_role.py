@@ -86,13 +86,13 @@ class RolloutRole:
     def sync(self, actor: ModelRole | None) -> None:
         """Reshard the actor's current weights into the engine (collective over actor and rollout ranks); an
         actor with LoRA adapters ships merged weights (W + alpha/rank B A, its base restored bitwise after)."""
+        if self.engine is not None:
+            self._track("rollout/wake_weights_taken_gib", lambda: self.engine.wake_up(("weights",)))
+        targets = self.engine.weight_tensors() if self.engine is not None else {}
+        on_bucket = self.engine.bucket_written if self.engine is not None else None
         model = unwrap(actor.model) if actor is not None else None
-        with adapters_merged(model) if model is not None else nullcontext():
+        with adapters_merged(model) if model is not None else nullcontext():  # merged only while shipped
             src = training_shards(model) if model is not None else {}
-            if self.engine is not None:
-                self._track("rollout/wake_weights_taken_gib", lambda: self.engine.wake_up(("weights",)))
-            targets = self.engine.weight_tensors() if self.engine is not None else {}
-            on_bucket = self.engine.bucket_written if self.engine is not None else None
             _, self.last_sync = self.bridge.reshard(src, targets, on_bucket)
         if self.engine is not None:
             self.engine.weights_written()
