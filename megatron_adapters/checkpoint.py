@@ -4,6 +4,10 @@ The checkpoint is TP x PP independent (every tensor is stored by its global shap
 saved at TP2 x PP2 loads at TP1, TP4, ... A checkpoint directory also holds the HF ``config.json`` it was
 built from (``hf_config/``), so ``mcore-to-hf`` conversion and later loads need nothing else.
 
+A model with LoRA adapters saves and loads its trained weights only (the adapters, and a scalar head), with its
+optimizer's state, which covers nothing else: its frozen base never changes from the HF checkpoint it is built
+from, which restores it bitwise.
+
 Collective: call on every rank of the role. Scripts that save need an ``if __name__ == "__main__"`` guard
 (dist_checkpointing starts a multiprocessing Manager).
 """
@@ -21,6 +25,7 @@ from megatron.core.dist_checkpointing.serialization import load_content_metadata
 from megatron.core.dist_checkpointing.strategies import filesystem_async
 from megatron.core.dist_checkpointing.utils import add_prefix_for_sharding
 
+from megatron_adapters.lora import is_adapter_param
 from megatron_adapters.model import load_hf_config
 
 HF_CONFIG_DIR = "hf_config"
@@ -45,7 +50,9 @@ def sharded_state(model, optimizer=None, is_loading: bool = False, prefix: str =
     """
     gpt = unwrap(model)
     metadata = {"dp_cp_group": gpt.pg_collection.dp_cp}
-    state = {"model": gpt.sharded_state_dict(prefix=prefix, metadata=metadata)}
+    entries = gpt.sharded_state_dict(prefix=prefix, metadata=metadata)
+    trained = _adapted_trained_keys(gpt, prefix)
+    state = {"model": {k: v for k, v in entries.items() if k in trained} if trained else entries}
     if optimizer is not None:
         state["optimizer"] = optimizer.sharded_state_dict(
             state["model"], is_loading=is_loading, metadata={**metadata, **OPTIMIZER_METADATA}
@@ -53,6 +60,14 @@ def sharded_state(model, optimizer=None, is_loading: bool = False, prefix: str =
         if prefix:  # the optimizer names its shards after its buffers, not the model's prefixed keys
             add_prefix_for_sharding(state["optimizer"], prefix)
     return state
+
+
+def _adapted_trained_keys(gpt, prefix: str = "") -> set[str]:
+    """The state-dict keys of the weights a model with LoRA adapters trains (its adapters, a scalar head); empty
+    for a model without adapters, which saves everything."""
+    if not any(is_adapter_param(param) for param in gpt.parameters()):
+        return set()
+    return {prefix + name for name, param in gpt.named_parameters() if param.requires_grad}
 
 
 def save_checkpoint(
@@ -183,9 +198,12 @@ def _load_optimizer_state(optimizer, state: dict) -> None:
 
 
 def _load_weights(gpt, weights: dict, ckpt_dir) -> None:
-    # strict=False only for megatron's empty `_extra_state` entries; real parameters must all be there.
+    # strict=False only for megatron's empty `_extra_state` entries and an adapted model's frozen base (not
+    # saved); real parameters must all be there.
     result = gpt.load_state_dict(weights, strict=False)
-    missing = [k for k in result.missing_keys if not k.endswith("_extra_state")]
+    trained = _adapted_trained_keys(gpt)
+    missing = [k for k in result.missing_keys
+               if not k.endswith("_extra_state") and (not trained or k in trained)]
     if missing:
         raise ValueError(f"ckpt: {ckpt_dir} lacks parameters {missing}; was it saved from this model?")
 

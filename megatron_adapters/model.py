@@ -244,7 +244,7 @@ def build_gpt(
         spec: layer spec name, see ``megatron_adapters.specs`` ("auto" | "te" | "sdpa" | "local").
         make_vocab_size_divisible_by: vocab padding unit (times TP), megatron's semantics.
         lora: LoRA adapters on ``lora.target_modules`` (chosen through the layer spec); every other weight
-            is frozen. None: no adapters.
+            but a scalar head's is frozen. None: no adapters.
         config_overrides: extra ``TransformerConfig`` fields (e.g. recompute settings).
     Returns:
         ``GPTModel`` with ``hf_shape`` (``ModelShape``), ``head``, ``spec_name`` and ``lora`` attributes.
@@ -289,6 +289,10 @@ def build_gpt(
         model.cuda(torch.cuda.current_device())
     if lora is not None:
         freeze_base_weights(model)
+        if head != "lm" and model.post_process:
+            # a scalar head usually starts untrained (a critic from a causal LM): it trains with the adapters,
+            # as PEFT's modules_to_save does for a classifier
+            model.output_layer.weight.requires_grad_(True)
     model.hf_shape = shape
     model.head = head
     model.spec_name = spec_name

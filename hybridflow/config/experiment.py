@@ -18,14 +18,14 @@ from hybridflow.config.model import (
     check_same_vocab,
     validate_model,
 )
-from hybridflow.config.parallel import RolesConfig
+from hybridflow.config.parallel import RolesConfig, reference_is_actor_base
 from hybridflow.config.placement import PlacementConfig
 from hybridflow.config.rollout import RolloutConfig
 from hybridflow.config.trainer import DistributedConfig, TrainerConfig
 from hybridflow.engines import AUTO, EngineRecord, get_engine
 from hybridflow.engines.vllm_args import check_engine_args
 from hybridflow.errors import UserError
-from hybridflow.role_records import model_roles, own_model_fields, role_record
+from hybridflow.role_records import model_roles, own_model_fields, role_record, trained_roles
 from hybridflow.tools import get_environment
 
 
@@ -112,6 +112,7 @@ def finalize_experiment(cfg: ExperimentConfig, checkpoints: CheckpointResolver |
     if cfg.rollout.environment is not None:
         get_environment(cfg.rollout.environment)  # an unknown name: one line listing the registered ones
     _check_overlong_and_reward(cfg)
+    _check_lora(cfg.roles)
     _check_lengths(cfg)
     _check_lr_schedule(cfg)
     return cfg
@@ -159,6 +160,27 @@ def _inherit_ref_parallel(cfg: ExperimentConfig) -> None:
         for name in ("tp", "pp", "sequence_parallel"):
             if getattr(par, name) is None:
                 raise UserError(f"roles.{role}.parallel.{name}: is null; set it (tp/pp >= 1)")
+
+
+def _check_lora(roles: RolesConfig) -> None:
+    """Adapters only on trained roles, on at least one linear; a reference that is the actor with its adapters
+    off (`reference_is_actor_base`) runs on the actor's model, so at the actor's layout."""
+    for role in model_roles():
+        lora = roles.get(role).lora
+        if lora.enabled and role not in trained_roles():
+            raise UserError(f"roles.{role}.lora.rank: {lora.rank} on an untrained role; adapters train, so only "
+                            f"{' and '.join(trained_roles())} take them: set roles.{role}.lora.rank=null")
+        if lora.enabled and not lora.target_modules:
+            raise UserError(f"roles.{role}.lora.target_modules: [] adapts nothing; list some of qkv, proj, fc1, "
+                            f"fc2, or set roles.{role}.lora.rank=null for full fine-tuning")
+    if not reference_is_actor_base(roles):
+        return
+    for name in ("tp", "pp", "dp"):
+        ref, actor = getattr(roles.ref.parallel, name), getattr(roles.actor.parallel, name)
+        if ref is not None and ref != actor:  # an unset dp: the ref's GPUs (the actor's, checked in the plan)
+            raise UserError(f"roles.ref.parallel.{name}: {ref} differs from roles.actor.parallel.{name}={actor}; "
+                            "with roles.actor.lora the reference is the actor's model with its adapters off, so "
+                            f"set roles.ref.parallel.{name}={actor} (or roles.ref.enabled=false)")
 
 
 def _check_overlong_and_reward(cfg: ExperimentConfig) -> None:

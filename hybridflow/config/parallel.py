@@ -9,6 +9,9 @@ from hybridflow.role_records import role_names
 
 # What each mode sets in megatron: hybridflow.roles.model_role.RECOMPUTE_OVERRIDES (same keys; a test ties them).
 RECOMPUTE_MODES = ("none", "selective", "full")
+# Linears of a layer that can carry LoRA adapters (megatron_adapters.lora.LORA_TARGETS without "linear_"; a test
+# ties them): fused q/k/v, attention output, fused gate/up, down.
+LORA_TARGET_MODULES = ("qkv", "proj", "fc1", "fc2")
 
 
 @dataclass
@@ -25,6 +28,23 @@ class ParallelConfig:
     dp: int | None = bounded(None, ge=1)
     # Megatron's sequence parallelism (only meaningful when tp > 1); the memory estimator uses it.
     sequence_parallel: bool | None = True
+
+
+@dataclass
+class LoraConfig:
+    """`roles.<role>.lora`: LoRA adapters on `target_modules` (scale alpha / rank) of a trained role (actor,
+    critic); every other weight is frozen (no grads, optimizer state or DDP buckets). `rank` null = no adapters,
+    full fine-tuning (so `roles.actor.lora.rank=32` alone turns them on)."""
+
+    rank: int | None = bounded(None, ge=1)
+    alpha: float = bounded(32.0, gt=0)
+    dropout: float = bounded(0.0, ge=0, lt=1)
+    target_modules: list[str] = bounded(default_factory=lambda: list(LORA_TARGET_MODULES),
+                                        choices=LORA_TARGET_MODULES)
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank is not None
 
 
 @dataclass
@@ -57,6 +77,8 @@ class RoleConfig:
     offload_fraction: float | None = bounded(None, ge=0, le=1)
     # "none" | "selective" (attention core recomputed, Korthikanti et al.) | "full" (whole layer)
     activation_recompute: str = bounded("selective", choices=RECOMPUTE_MODES)
+    # LoRA adapters (actor, critic); rank null = full fine-tuning.
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
     def forward_micro_batch_size(self, seq_length: int) -> int:
         """Rows per forward-only micro-batch of padded `seq_length`-token rows (see `forward_max_tokens`)."""
@@ -122,3 +144,11 @@ class RolesConfig:
     def enabled_roles(self) -> tuple[str, ...]:
         """Enabled roles in canonical order (actor, critic, ref, reward, rollout)."""
         return tuple(r for r in role_names() if self.get(r).enabled)
+
+
+def reference_is_actor_base(roles: RolesConfig) -> bool:
+    """Whether the reference role is the actor's model with its adapters off (the actor trains LoRA adapters)
+    rather than a model of its own: no second copy of the weights, and the ref's mesh is the actor's. The one
+    place this is decided: the config and plan checks, the planner's memory and auto search and the run's build
+    ask it."""
+    return roles.ref.enabled and roles.actor.lora.enabled

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from hybridflow.config.experiment import ExperimentConfig, engine_of
+from hybridflow.config.parallel import reference_is_actor_base
 from hybridflow.engines import engine_names, get_engine
 from hybridflow.errors import UserError
 from hybridflow.placement.cluster import GPU, nvlink_domain
@@ -178,3 +179,18 @@ def _kv_cache_follows_utilization(cfg: ExperimentConfig) -> bool:
     vLLM fills that share of the GPU; the native engine sizes its cache for the batch)."""
     engine, util, gib = engine_of(cfg), cfg.rollout.gpu_memory_utilization, cfg.cluster.gpu_memory_gib
     return engine.kv_cache_bytes(util / 2, gib, 0, 0) < engine.kv_cache_bytes(util, gib, 0, 0)
+
+
+def check_reference_on_actor(cfg: ExperimentConfig, meshes: dict[str, RoleMesh]) -> None:
+    """A reference that is the actor with its adapters off (`reference_is_actor_base`) runs on the actor's model,
+    so its mesh must be the actor's: same GPUs in the same order, same degrees."""
+    ref, actor = meshes.get(Role.REF), meshes.get(Role.ACTOR)
+    if not reference_is_actor_base(cfg.roles) or ref is None or actor is None:
+        return
+    if (ref.ranks, ref.tp, ref.pp, ref.dp) != (actor.ranks, actor.tp, actor.pp, actor.dp):
+        raise UserError(
+            f"placement.resources.ref: the reference runs on GPUs {list(ref.ranks)} at tp={ref.tp} pp={ref.pp} "
+            f"dp={ref.dp}, but with roles.actor.lora it is the actor's model with its adapters off (GPUs "
+            f"{list(actor.ranks)}, tp={actor.tp} pp={actor.pp} dp={actor.dp}); leave placement.resources.ref "
+            "unset (the actor's GPUs)"
+        )

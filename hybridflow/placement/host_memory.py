@@ -8,7 +8,8 @@ conservative peak (the end-of-run checkpoint is written while the offloaded stat
                Round figures, not measured here.
   optimizer    megatron's HybridDeviceOptimizer (megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py,
                megatron-core 0.19) on the offloaded share f of the rank's distributed-optimizer shard (P / dp
-               parameters): a host fp32 copy of each offloaded parameter (`clone().cpu()` then `.float()`,
+               parameters; a role with LoRA adapters: their P_a / dp, its base being frozen): a host fp32 copy
+               of each offloaded parameter (`clone().cpu()` then `.float()`,
                param_update_in_fp32), torch Adam's exp_avg and exp_avg_sq on it (fp32), and the pinned fp32
                buffer its gradients are copied into (`cpu_copy_map_grad`, pin_cpu_grads):
                16 bytes x f x P / dp. The grad buffer is page-locked: the OS can never swap it out.
@@ -22,7 +23,7 @@ conservative peak (the end-of-run checkpoint is written while the offloaded stat
                  megatron's dist_checkpointing, which stages every tensor it writes in host memory at once
                  (filesystem_async.preload_tensors: `tensor.to("cpu")`): each trained role's GPU-resident
                  optimizer share (offloaded states are written from where they live) and, on DP replica 0 (the
-                 replica that writes them), its weights.
+                 replica that writes them), its weights (a role with LoRA adapters: the adapters only).
   hf_load      loading HF safetensors reads each tensor's shard (memory-mapped, so the file's pages are cache
                the OS can drop): the largest one, the (padded) embedding shard, read and converted (x 2).
 """
@@ -43,6 +44,7 @@ from hybridflow.placement.memory import (
     optimizer_bytes,
     padded_vocab,
     stage_params,
+    stage_trained_params,
 )
 from hybridflow.placement.mesh import RoleMesh
 from hybridflow.role_records import Role, role_record
@@ -69,9 +71,9 @@ def writes_dist_checkpoints(cfg: ExperimentConfig) -> bool:
 
 def offloaded_optimizer_bytes(cfg: ExperimentConfig, role: str, mesh: RoleMesh, stage: int) -> int:
     """Host bytes of one rank's offloaded optimizer share (module docstring, "optimizer")."""
-    share = offloaded_share(cfg.roles.get(role))
-    params = stage_params(cfg.role_model(role), role, mesh.tp, mesh.pp, stage)
-    return math.ceil(HOST_OPTIMIZER_BYTES_PER_PARAM * share * params / mesh.dp)
+    role_cfg, model = cfg.roles.get(role), cfg.role_model(role)
+    params = stage_trained_params(model, role, role_cfg, mesh.tp, mesh.pp, stage)
+    return math.ceil(HOST_OPTIMIZER_BYTES_PER_PARAM * offloaded_share(role_cfg) * params / mesh.dp)
 
 
 def rank_host_memory(cfg: ExperimentConfig, meshes: Mapping[str, RoleMesh], rank: int) -> HostMemoryEstimate:
@@ -97,9 +99,11 @@ def rank_host_memory(cfg: ExperimentConfig, meshes: Mapping[str, RoleMesh], rank
             continue
         optimizer += offloaded_optimizer_bytes(cfg, role, mesh, stage)
         tp_rank, dp_rank, _ = mesh.coords(rank)
-        weights = params * DTYPE_BYTES[model.dtype] if dp_rank == 0 else 0
+        # a role with LoRA adapters checkpoints them only (its base is the HF checkpoint it starts from)
+        trained = stage_trained_params(model, role, cfg.roles.get(role), mesh.tp, mesh.pp, stage)
+        weights = trained * DTYPE_BYTES[model.dtype] if dp_rank == 0 else 0
         if writes_dist_checkpoints(cfg):
-            on_gpu = optimizer_bytes(model, params, mesh.dp) * (1 - offloaded_share(cfg.roles.get(role)))
+            on_gpu = optimizer_bytes(model, trained, mesh.dp) * (1 - offloaded_share(cfg.roles.get(role)))
             dist_ckpt += weights + math.ceil(on_gpu)
         if role == Role.ACTOR and dp_rank == 0 and tp_rank == 0:
             hf_export = stage_params(model, role, 1, mesh.pp, stage) * DTYPE_BYTES[model.dtype]

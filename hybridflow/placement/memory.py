@@ -5,6 +5,11 @@ Parts and the rules used (P = parameters held by the GPU: its pipeline stage's s
                traits.shares_actor_weights: the native engine) on the actor's exact GPUs and layout reads the
                actor's tensors in place: 0.
   grads        P x 4 for trained roles (actor, critic): megatron keeps fp32 main grads for bf16 training.
+               A role with LoRA adapters (`roles.<role>.lora`) holds its base weights once in the model dtype
+               with no grads or optimizer state (frozen before megatron's DDP wrap): weights are (P + P_a) x
+               dtype bytes and grads and optimizer count only the adapters' P_a (param_count.layer_lora_params).
+               The reference of an actor with adapters is that actor's model with them off
+               (config.parallel.reference_is_actor_base): weights 0, only its forward pass's activations.
   optimizer    Adam, distributed optimizer: (fp32 master copy 4 + two fp32 moments 8) = 12 bytes per
                parameter for bf16/fp16 models (8 for fp32 models, which need no master copy), sharded over
                DP; with `offload_optimizer` only the share not offloaded, (1 - offload_fraction) of it (the
@@ -54,7 +59,9 @@ Parts and the rules used (P = parameters held by the GPU: its pipeline stage's s
                needs, 2 (K,V) x L/pp x max(kv_heads/t, 1) x head_dim x dtype bytes per token, for
                (prompts x samples / DP) sequences of data.seq_length tokens. megatron: that;
                vllm: gpu_memory_utilization x capacity - weights (vLLM pre-allocates it).
-Not counted: CUDA contexts (the vLLM engine process has its own), NCCL buffers, the bridge's buckets (256 MiB; a vLLM
+Not counted: the copy of an adapted actor's base linears that a merged weight sync (or the merged HF export) keeps
+while the merged weights are shipped (megatron_adapters.lora.adapters_merged; no activations are alive then),
+CUDA contexts (the vLLM engine process has its own), NCCL buffers, the bridge's buckets (256 MiB; a vLLM
 rank also keeps one bucket as the staging buffer it shares with its engine process), allocator
 fragmentation: `cluster.gpu_memory_headroom_gib` keeps room for them, and the planner's checks and the auto
 search compare estimates with the capacity less that headroom.
@@ -68,10 +75,10 @@ from typing import Self
 
 from hybridflow.config.experiment import ExperimentConfig, engine_of, longest_sample
 from hybridflow.config.model import DTYPE_BYTES, ModelConfig
-from hybridflow.config.parallel import RoleConfig, micro_batch_split
+from hybridflow.config.parallel import RoleConfig, micro_batch_split, reference_is_actor_base
 from hybridflow.families import padded_vocab_size
 from hybridflow.placement.mesh import ParallelDims
-from hybridflow.placement.param_count import layer_matmul_params
+from hybridflow.placement.param_count import layer_lora_params, layer_matmul_params
 from hybridflow.role_records import Role, role_record
 from hybridflow.units import GIB  # noqa: F401  (placement re-exports it)
 
@@ -129,6 +136,25 @@ def stage_params(model: ModelConfig, role: str, tp: int, pp: int, stage: int) ->
         elif not model.tie_word_embeddings or pp > 1:
             params += embedding  # untied head, or the tied copy megatron keeps on the last stage
     return params
+
+
+def stage_adapter_params(model: ModelConfig, role_cfg: RoleConfig, tp: int, pp: int) -> int:
+    """LoRA adapter parameters one GPU of any pipeline stage of a role holds (0 without `lora`)."""
+    lora = role_cfg.lora
+    if not lora.enabled:
+        return 0
+    h_kv = model.num_key_value_heads * model.attention_head_dim
+    per_layer = layer_lora_params(model.hidden_size, model.intermediate_size, h_kv, model.q_dim, lora.rank,
+                                  lora.target_modules, tp)
+    return per_layer * (model.num_hidden_layers // pp)
+
+
+def sequence_parallel(cfg: ExperimentConfig, role: str, tp: int) -> bool:
+    """Whether a role's activations are split over TP: its setting at tp > 1, except for a model with LoRA
+    adapters (the actor's, for a reference that is its base), which is built without Transformer Engine and so
+    without sequence parallelism (hybridflow.roles.model_role.model_spec)."""
+    adapted = cfg.roles.get(role).lora.enabled or (role == Role.REF and reference_is_actor_base(cfg.roles))
+    return bool(cfg.roles.get(role).parallel.sequence_parallel) and tp > 1 and not adapted
 
 
 def activation_bytes_per_token_layer(
@@ -217,8 +243,10 @@ def estimate_role_memory(
     if role == Role.ROLLOUT:
         weights = 0 if shares_actor_weights else params * DTYPE_BYTES[cfg.rollout.dtype or model.dtype]
         return _rollout_memory(model, tp, pp, dp, cfg, weights)
-    weights = params * DTYPE_BYTES[model.dtype]
-    sp = bool(role_cfg.parallel.sequence_parallel) and tp > 1
+    adapters = stage_adapter_params(model, role_cfg, tp, pp)
+    base_shared = role == Role.REF and reference_is_actor_base(cfg.roles)  # the actor's model, adapters off
+    weights = 0 if base_shared else (params + adapters) * DTYPE_BYTES[model.dtype]
+    sp = sequence_parallel(cfg, role, tp)
     pad_to = tp if sp else 1
     activations = _activation_bytes(model, role, dims, cfg, stage, micro_batch_shape(cfg, role, dp, pad_to))
     if role == Role.ACTOR and cfg.trainer.warmup_sft_steps and token_budget(cfg, role):
@@ -227,8 +255,19 @@ def estimate_role_memory(
         activations = max(activations, _activation_bytes(model, role, dims, cfg, stage, padded))
     if not role_record(role).trained:
         return MemoryEstimate(weights=weights, activations=activations)
-    optimizer = math.ceil(optimizer_bytes(model, params, dp) * (1 - offloaded_share(role_cfg)))
-    return MemoryEstimate(weights=weights, grads=params * GRAD_BYTES, optimizer=optimizer, activations=activations)
+    trained = stage_trained_params(model, role, role_cfg, tp, pp, stage)
+    optimizer = math.ceil(optimizer_bytes(model, trained, dp) * (1 - offloaded_share(role_cfg)))
+    return MemoryEstimate(weights=weights, grads=trained * GRAD_BYTES, optimizer=optimizer, activations=activations)
+
+
+def stage_trained_params(model: ModelConfig, role: str, role_cfg: RoleConfig, tp: int, pp: int, stage: int) -> int:
+    """The parameters one GPU of a trained role keeps grads and optimizer state for (and, with adapters,
+    checkpoints): with LoRA its adapters, plus a scalar head on the last stage (it trains with them), the base
+    being frozen; else all of its stage's parameters."""
+    if not role_cfg.lora.enabled:
+        return stage_params(model, role, tp, pp, stage)
+    head = model.hidden_size if role_record(role).scalar_head and stage == pp - 1 else 0
+    return stage_adapter_params(model, role_cfg, tp, pp) + head
 
 
 def optimizer_bytes(model: ModelConfig, params: int, dp: int) -> float:
@@ -267,7 +306,7 @@ def _activation_bytes(
     """Activations (with the LM head's logits) of `role` on pipeline stage `stage` for micro-batches of `shape`."""
     tp, pp = dims.tp, dims.pp
     role_cfg = cfg.roles.get(role)
-    sp = bool(role_cfg.parallel.sequence_parallel) and tp > 1
+    sp = sequence_parallel(cfg, role, tp)
     # rows x row_tokens, in this order, keeps unpacked figures bit-identical to the mbs x seq form.
     seq, mbs = shape.row_tokens, shape.rows
     per_layer = activation_bytes_per_token_layer(model, shape.attention_span, tp, sp, role_cfg.activation_recompute)

@@ -14,6 +14,7 @@ from hybridflow.placement.checks import (
     check_batch_sizes,
     check_colocation,
     check_layout_fits_model,
+    check_reference_on_actor,
     check_rollout_engine,
     check_rollout_lag,
     check_tp_groups_local,
@@ -199,6 +200,7 @@ def build_plan(
             mesh = generation_mesh(meshes[Role.ACTOR], mesh)  # the order the run builds its TP groups in
         check_tp_groups_local(mesh, gpus, cfg)
         meshes[role] = mesh
+    check_reference_on_actor(cfg, meshes)
     rank_roles = {g.rank: tuple(r for r in meshes if g.rank in meshes[r].ranks) for g in gpus}
     capacity, headroom = int(cfg.cluster.gpu_memory_gib * GIB), int(cfg.cluster.gpu_memory_headroom_gib * GIB)
     def gpu_totals(c: ExperimentConfig) -> dict[int, int]:

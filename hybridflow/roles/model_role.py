@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,7 +18,7 @@ import torch
 from megatron.core.process_groups_config import ProcessGroupCollection
 from megatron.core.utils import get_model_config
 
-from hybridflow.config.parallel import micro_batch_split
+from hybridflow.config.parallel import LoraConfig, micro_batch_split
 from hybridflow.data.packing import as_rows, empty_micro_batch, is_packed, pack_by_token_budget, pack_rows
 from hybridflow.placement import RoleMesh
 from megatron_adapters.checkpoint import unwrap
@@ -26,6 +26,7 @@ from megatron_adapters.cpu_backend import compute_device, is_cpu_backend_enabled
 from megatron_adapters.forward_backward import run_forward_backward
 from megatron_adapters.hf_safetensors import hf_shards, load_hf_weights, save_hf_weights
 from megatron_adapters.logprobs import token_logprobs
+from megatron_adapters.lora import LoraSettings, adapters_disabled, adapters_merged
 from megatron_adapters.main_params import seed_main_params
 from megatron_adapters.model import build_gpt
 from megatron_adapters.optimizer import (
@@ -36,6 +37,7 @@ from megatron_adapters.optimizer import (
     join_optimizer_build_elsewhere,
     wrap_for_training,
 )
+from megatron_adapters.peft_export import save_peft_adapter
 from megatron_adapters.process_groups import seed_role_rng
 from megatron_adapters.specs import resolve_spec_name
 
@@ -73,15 +75,34 @@ class ModelRole:
     forward_micro_batch_size: int = 0
     # Most rows per update micro-batch of padded rows (`RoleConfig.update_micro_batch_size`); 0 = micro_batch_size.
     update_micro_batch_size: int = 0
+    # Forward passes run the model with its LoRA adapters off: the reference as the actor's base model
+    # (`actor_base_role`).
+    adapters_off: bool = False
 
     def save_hf(self, out_dir: str | Path, hf_dir: str | Path) -> None:
-        """Write this role's model as an HF checkpoint in `out_dir`, its config.json taken from `hf_dir`.
-        Collective over the role's ranks (DP replicas > 0 write nothing)."""
-        save_hf_weights(unwrap(self.model), out_dir, hf_dir)
+        """Write this role's model as an HF checkpoint in `out_dir`, its config.json taken from `hf_dir`; a model
+        with LoRA adapters is written merged (W + alpha/rank B A). Collective over the role's ranks (DP replicas
+        > 0 write nothing)."""
+        model = unwrap(self.model)
+        with adapters_merged(model):
+            save_hf_weights(model, out_dir, hf_dir)
+
+    def save_adapter(self, out_dir: str | Path, hf_dir: str | Path) -> bool:
+        """Write this role's LoRA adapters as an HF PEFT adapter (adapter_config.json + adapter_model.safetensors,
+        base model `hf_dir`) in `out_dir`; False, writing nothing, for a role without adapters. Collective over
+        the role's ranks."""
+        model = unwrap(self.model)
+        if getattr(model, "lora", None) is None:
+            return False
+        save_peft_adapter(model, out_dir, str(hf_dir))
+        return True
 
     def load_hf(self, hf_dir: str | Path) -> None:
-        """Load an HF checkpoint into this rank's shards of the model."""
-        load_hf_weights(unwrap(self.model), hf_dir)
+        """Load an HF checkpoint into this rank's shards of the model. The actor's base model (`adapters_off`)
+        loads nothing: its weights are the actor's frozen base, which stays what the run started from (after a
+        supervised warm-up too, which trains the adapters)."""
+        if not self.adapters_off:
+            load_hf_weights(unwrap(self.model), hf_dir)
 
     def logprobs(
         self, logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0, with_entropy: bool = False
@@ -164,7 +185,8 @@ class ModelRole:
             return output.new_zeros(()), {"out": per_token(output, mb)}
 
         micro = self.micro_batches(tensors, self.forward_micro_batch_size or self.micro_batch_size)
-        metrics = run_forward_backward([self.model], self.groups, micro, keep, forward_only=True)
+        with adapters_disabled(unwrap(self.model)) if self.adapters_off else nullcontext():
+            metrics = run_forward_backward([self.model], self.groups, micro, keep, forward_only=True)
         if not is_packed(micro[0]):
             return torch.cat([m["out"] for m in metrics])
         rows, width = tensors["input_ids"].shape
@@ -216,6 +238,21 @@ def role_config_overrides(
     return overrides
 
 
+def lora_settings(lora: LoraConfig) -> LoraSettings | None:
+    """`roles.<role>.lora` as megatron_adapters takes it (config names its linears without "linear_"); None when
+    the role trains fully."""
+    if not lora.enabled:
+        return None
+    return LoraSettings(rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout,
+                        target_modules=tuple(f"linear_{t}" for t in lora.target_modules))
+
+
+def model_spec(lora: LoraSettings | None) -> str:
+    """The layer spec a role's model is built with: megatron_adapters' adapters wrap megatron-core's local
+    linears, so a model with them takes "sdpa" (no Transformer Engine, hence no sequence parallelism)."""
+    return "auto" if lora is None else "sdpa"
+
+
 def build_model_role(
     name: str,
     mesh: RoleMesh,
@@ -229,6 +266,7 @@ def build_model_role(
     max_tokens_per_micro_batch: int = 0,
     forward_micro_batch_size: int = 0,
     update_micro_batch_size: int = 0,
+    lora: LoraSettings | None = None,
     **config_overrides,
 ) -> ModelRole:
     """Build this rank's stage of `hf_dir`, load its weights, and (for trained roles) DDP + optimizer.
@@ -236,9 +274,13 @@ def build_model_role(
     `config_overrides` are TransformerConfig fields (see `role_config_overrides`); a positive
     `max_tokens_per_micro_batch` packs micro-batches by that token budget; `forward_micro_batch_size` rows
     (0: `micro_batch_size`) make a forward-only micro-batch of padded rows, `update_micro_batch_size` rows at most
-    (0: `micro_batch_size`) an update's."""
+    (0: `micro_batch_size`) an update's.
+
+    With `lora`, the model carries adapters and its base weights are frozen before the DDP wrap, so megatron
+    makes grad buffers and the optimizer state for the adapters only; the checkpoint loads into the base
+    (spec: `model_spec`)."""
     seed_role_rng(seed, groups)
-    model = build_gpt(hf_dir, groups, head=head, dtype=dtype, **config_overrides)
+    model = build_gpt(hf_dir, groups, head=head, dtype=dtype, spec=model_spec(lora), lora=lora, **config_overrides)
     if torch.cuda.is_available():
         model.cuda()
     load_hf_weights(model, hf_dir)
@@ -258,6 +300,16 @@ def build_model_role(
                      max_tokens_per_micro_batch=max_tokens_per_micro_batch,
                      forward_micro_batch_size=forward_micro_batch_size,
                      update_micro_batch_size=update_micro_batch_size)
+
+
+def actor_base_role(actor: ModelRole, name: str, micro_batch_size: int, max_tokens_per_micro_batch: int = 0,
+                    forward_micro_batch_size: int = 0) -> ModelRole:
+    """The reference as `actor`'s model with its LoRA adapters off (hybridflow.config.parallel.
+    reference_is_actor_base): the actor's model, groups and mesh, no optimizer and no weights of its own; the
+    micro-batch settings are the reference's."""
+    return ModelRole(name, actor.mesh, actor.groups, actor.model, micro_batch_size,
+                     max_tokens_per_micro_batch=max_tokens_per_micro_batch,
+                     forward_micro_batch_size=forward_micro_batch_size, adapters_off=True)
 
 
 def copy_weights(src: ModelRole | None, dst: ModelRole | None, via_dir: Path, hf_dir: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
@@ -27,6 +28,7 @@ from hybridflow.rollout.turns import (
 from hybridflow.units import GIB
 from megatron_adapters.bridge import ReshardStats, WeightBridge, training_shards
 from megatron_adapters.checkpoint import unwrap
+from megatron_adapters.lora import adapters_merged
 from megatron_adapters.model import model_shape
 
 
@@ -113,13 +115,16 @@ class RolloutRole:
                                                      self.device).cpu()
 
     def sync(self, actor: ModelRole | None) -> None:
-        """Reshard the actor's current weights into the engine (collective over actor and rollout ranks)."""
-        src = training_shards(unwrap(actor.model)) if actor is not None else {}
+        """Reshard the actor's current weights into the engine (collective over actor and rollout ranks); an
+        actor with LoRA adapters ships merged weights (W + alpha/rank B A, its base restored bitwise after)."""
         if self.engine is not None:
             self._track("rollout/wake_weights_taken_gib", lambda: self.engine.wake_up(("weights",)))
         targets = self.engine.weight_tensors() if self.engine is not None else {}
         on_bucket = self.engine.bucket_written if self.engine is not None else None
-        _, self.last_sync = self.bridge.reshard(src, targets, on_bucket)
+        model = unwrap(actor.model) if actor is not None else None
+        with adapters_merged(model) if model is not None else nullcontext():  # merged only while shipped
+            src = training_shards(model) if model is not None else {}
+            _, self.last_sync = self.bridge.reshard(src, targets, on_bucket)
         if self.engine is not None:
             self.engine.weights_written()
             self._track("rollout/wake_kv_taken_gib", lambda: self.engine.wake_up(("kv_cache",)))

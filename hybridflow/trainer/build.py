@@ -15,6 +15,7 @@ from hybridflow.algorithms import build_algorithm, build_kl_controller
 from hybridflow.config import ExperimentConfig
 from hybridflow.config.experiment import lr_decay_steps
 from hybridflow.config.model import torch_dtype
+from hybridflow.config.parallel import reference_is_actor_base
 from hybridflow.data import PromptDataset, load_prompt_dataset, load_tokenizer
 from hybridflow.data.vocabulary import stop_token_ids
 from hybridflow.errors import UserError
@@ -25,7 +26,10 @@ from hybridflow.roles.model_role import (
     ModelRole,
     OptimizerSettings,
     absent_from_role,
+    actor_base_role,
     build_model_role,
+    lora_settings,
+    model_spec,
     role_config_overrides,
 )
 from hybridflow.roles.rollout_role import build_rollout_role, start_rollout
@@ -107,11 +111,17 @@ def build_run(cfg: ExperimentConfig, plan: Plan, work_dir: Path) -> BuiltRun:
             absent_from_role(trained)
             continue
         role_cfg = cfg.roles.get(role)
+        if role == "ref" and reference_is_actor_base(cfg.roles):  # on the actor's ranks: no model of its own
+            roles[role] = actor_base_role(roles["actor"], role, role_cfg.micro_batch_size,
+                                          role_cfg.max_tokens_per_micro_batch or 0,
+                                          role_cfg.forward_micro_batch_size(cfg.data.seq_length))
+            continue
         # the planner resolved an unset offload_fraction
         settings = optimizer_settings(cfg, role, plan.offload_fractions.get(role, 0.0))
         tp = meshes[role].tp
+        lora = lora_settings(role_cfg.lora)
         overrides = role_config_overrides(trained, tp, role_cfg.activation_recompute,
-                                          bool(role_cfg.parallel.sequence_parallel))
+                                          bool(role_cfg.parallel.sequence_parallel), model_spec(lora))
         if overrides.get("sequence_parallel") and (cfg.data.seq_length % tp or TRIM_MULTIPLE % tp):
             # Sequence parallelism splits every sequence over TP; batches are trimmed to a multiple of
             # TRIM_MULTIPLE columns, data.seq_length at most.
@@ -128,7 +138,8 @@ def build_run(cfg: ExperimentConfig, plan: Plan, work_dir: Path) -> BuiltRun:
             max_tokens_per_micro_batch=role_cfg.max_tokens_per_micro_batch or 0,
             forward_micro_batch_size=role_cfg.forward_micro_batch_size(cfg.data.seq_length),
             update_micro_batch_size=role_cfg.update_micro_batch_size(cfg.data.seq_length,
-                                                                     plan.update_max_tokens.get(role, 0)), **overrides,
+                                                                     plan.update_max_tokens.get(role, 0)),
+            lora=lora, **overrides,
         )
 
     sampling = rollout_sampling(cfg, tokenizer)

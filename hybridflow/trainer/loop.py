@@ -135,6 +135,7 @@ def train(cfg: ExperimentConfig, plan: Plan) -> dict[str, float]:
                 "step": step + 1, "loader": loader.state_dict(), "kl": trainer.kl_ctl.state_dict(),
                 "rollout_step": trainer.rollout.step, "ready": trainer.ready}, fingerprint(cfg, plan))
     if Role.ACTOR in trainer.roles:
-        trainer.roles[Role.ACTOR].save_hf(work_dir / "final_hf", built.hf_dir)
+        trainer.roles[Role.ACTOR].save_hf(work_dir / "final_hf", built.hf_dir)  # merged, with LoRA adapters
+        trainer.roles[Role.ACTOR].save_adapter(work_dir / "final_adapter", built.hf_dir)  # PEFT's format, if any
     log.close()
     return metrics

@@ -123,6 +123,9 @@ def fingerprint(cfg: ExperimentConfig, plan: Plan) -> dict[str, Any]:
         mesh = plan.meshes[role]
         record[f"roles.{role}.parallel"] = f"tp{mesh.tp} pp{mesh.pp} dp{mesh.dp} on ranks {list(mesh.ranks)}"
         record[f"roles.{role}.offload_optimizer"] = cfg.roles.get(role).offload_optimizer
+        lora = cfg.roles.get(role).lora
+        if lora.enabled:  # only then: fingerprints of full fine-tuning runs stay as they were
+            record[f"roles.{role}.lora"] = f"rank {lora.rank} alpha {lora.alpha:g} on {','.join(lora.target_modules)}"
     record["trainer.rollout_lag"] = cfg.trainer.rollout_lag
     return record
 

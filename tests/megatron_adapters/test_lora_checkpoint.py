@@ -1,6 +1,7 @@
 """LoRA adapters through megatron dist checkpointing: saved at TP2, loaded at TP1 (x DP2), exported to PEFT's
-format bit for bit equal to the adapter they started from (A is split by input columns in row-parallel
-layers and B by output rows in column-parallel ones, so each must be stored by its TP dimension)."""
+format bit for bit equal to the adapter they started from (A is split by input columns in row-parallel layers and
+B by output rows in column-parallel ones, so each must be stored by its TP dimension). The checkpoint holds the
+adapters only: the frozen base is the HF checkpoint the model is built from."""
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ RANK, ALPHA = 4, 8.0
 
 def _reshard_rank(root):
     import torch.distributed as dist
+    from megatron.core import dist_checkpointing
 
     from megatron_adapters.checkpoint import load_checkpoint, save_checkpoint
     from megatron_adapters.hf_safetensors import load_hf_weights
@@ -32,6 +34,7 @@ def _reshard_rank(root):
     loaded = build_gpt(root / "base", build_role_groups(ranks, tp=1, pp=1, dp=2), spec="sdpa", lora=lora)
     load_checkpoint(root / "ckpt", loaded)
     save_peft_adapter(loaded, root / "export")
+    return sorted(dist_checkpointing.load_tensors_metadata(str(root / "ckpt")))
 
 
 def test_adapters_reshard_through_dist_checkpoint(tmp_path):
@@ -45,7 +48,9 @@ def test_adapters_reshard_through_dist_checkpoint(tmp_path):
             if "lora_" in name:
                 param.copy_(torch.randn(param.shape, generator=gen))
     model.save_pretrained(tmp_path / "adapter")
-    run_distributed(_reshard_rank, world_size=2, args=(tmp_path,))
+    saved_keys = run_distributed(_reshard_rank, world_size=2, args=(tmp_path,))[0]
+    # adapters only: the frozen base is the HF checkpoint the model is built from
+    assert saved_keys and all(".lora_a" in k or ".lora_b." in k for k in saved_keys), saved_keys
     original = load_file(tmp_path / "adapter" / "adapter_model.safetensors")
     exported = load_file(tmp_path / "export" / "adapter_model.safetensors")
     assert exported.keys() == original.keys()

@@ -110,9 +110,10 @@ def training_breakdown(role: RoleWork, s: Strategy, workload: Workload, device: 
 
 def inference_breakdown(role: RoleWork, s: Strategy, workload: Workload, device: DeviceSpec,
                         eff: Efficiency) -> Breakdown:
-    """Log-probs / values / rewards: one forward over every sample."""
-    return _forward_passes(role, s, workload, device, eff, workload.samples, workload.samples, 1.0,
-                           eff.infer_mfu, 2, role.forward_micro_batch_size or role.micro_batch_size)
+    """Log-probs / values / rewards: one forward over every sample (`role.preparation_passes` of them)."""
+    one = _forward_passes(role, s, workload, device, eff, workload.samples, workload.samples, 1.0,
+                          eff.infer_mfu, 2, role.forward_micro_batch_size or role.micro_batch_size)
+    return {part: seconds * role.preparation_passes for part, seconds in one.items()}
 
 
 def generation_breakdown(role: RoleWork, s: Strategy, workload: Workload, device: DeviceSpec,

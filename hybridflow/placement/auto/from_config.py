@@ -15,6 +15,7 @@ from dataclasses import replace
 
 from hybridflow.config.experiment import ExperimentConfig, engine_of, with_role_settings
 from hybridflow.config.model import ModelConfig
+from hybridflow.config.parallel import reference_is_actor_base
 from hybridflow.errors import UserError
 from hybridflow.placement.auto.cost_model import role_stage_breakdown
 from hybridflow.placement.auto.device import DeviceSpec, Efficiency, efficiency_for
@@ -58,8 +59,9 @@ def workload_from_config(cfg: ExperimentConfig) -> Workload:
         RoleWork(name, model_shape(cfg.role_model(name), name), role_record(name).stages,
                  cfg.roles.get(name).micro_batch_size,
                  cfg.roles.get(name).forward_micro_batch_size(seq), cfg.roles.get(name).update_micro_batch_size(seq),
-                 offloaded_share(cfg.roles.get(name)) if role_record(name).trained else 0.0)
-        for name in model_roles() if cfg.roles.get(name).enabled)
+                 offloaded_share(cfg.roles.get(name)) if role_record(name).trained else 0.0,
+                 preparation_passes=2 if name == Role.ACTOR and _on_actor(cfg, Role.REF) else 1)
+        for name in model_roles() if cfg.roles.get(name).enabled and not _on_actor(cfg, name))
     lag = one_step_off(cfg)
     return Workload(roles=split_rollout(roles) if lag else roles, prompts=cfg.data.train_batch_size,
                     samples_per_prompt=cfg.rollout.n_samples_per_prompt,
@@ -68,6 +70,13 @@ def workload_from_config(cfg: ExperimentConfig) -> Workload:
                     mini_batch_size=cfg.algorithm.mini_batch_size, ppo_epochs=cfg.algorithm.ppo_epochs,
                     rollout_offloads_weights=engine_of(cfg).weights_on_host_while_sleeping(cfg.rollout.sleep_level),
                     rollout_engine=cfg.rollout.engine, rollout_lag=int(lag))
+
+
+def _on_actor(cfg: ExperimentConfig, role: str) -> bool:
+    """A reference that is the actor with its adapters off is not searched: it goes where the actor goes, at its
+    layout (`plan_from_candidate`; build_plan counts its forward pass's memory there), and its log-prob pass is
+    costed as the actor's second preparation pass."""
+    return role == Role.REF and reference_is_actor_base(cfg.roles)
 
 
 def rollout_dims(s: Strategy) -> ParallelDims:
@@ -141,6 +150,8 @@ def plan_from_candidate(cfg: ExperimentConfig, cand: Candidate) -> Plan:
             if s.gen_tp and choice.role != Role.ROLLOUT:  # the actor's colocated rollout
                 ranks[Role.ROLLOUT] = tuple(rank_range)
                 dims[Role.ROLLOUT] = rollout_dims(s)
+    if _on_actor(cfg, Role.REF) and Role.ACTOR in ranks:
+        ranks[Role.REF], dims[Role.REF] = ranks[Role.ACTOR], dims[Role.ACTOR]
     return build_plan(cfg, ranks, dims)
 
 

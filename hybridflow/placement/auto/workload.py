@@ -98,6 +98,9 @@ class RoleWork:
     # Share of the optimizer megatron's HybridDeviceOptimizer steps on the host (roles.<role>.offload_fraction
     # with offload_optimizer; 0 = all on the GPU).
     offload_fraction: float = 0.0
+    # Forward passes over the batch in preparation: 2 for an actor whose model also gives the reference's
+    # log-probs (adapters off: config.parallel.reference_is_actor_base), else 1.
+    preparation_passes: int = 1
 
     @property
     def trains(self) -> bool:
