@@ -111,8 +111,8 @@ def build_run(cfg: ExperimentConfig, plan: Plan, work_dir: Path) -> BuiltRun:
             absent_from_role(trained)
             continue
         role_cfg = cfg.roles.get(role)
-        if role == "ref" and reference_is_actor_base(cfg.roles):  # on the actor's ranks: no model of its own
-            roles[role] = actor_base_role(roles["actor"], role, role_cfg.micro_batch_size,
+        if role == Role.REF and reference_is_actor_base(cfg.roles):  # on the actor's ranks: no model of its own
+            roles[role] = actor_base_role(roles[record.weights_from], role, role_cfg.micro_batch_size,
                                           role_cfg.max_tokens_per_micro_batch or 0,
                                           role_cfg.forward_micro_batch_size(cfg.data.seq_length))
             continue
