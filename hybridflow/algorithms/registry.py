@@ -56,6 +56,10 @@ def check_algorithm(cfg: ExperimentConfig) -> AlgorithmRecord:
         shapers = [n for n in registered_algorithms() if algorithm_record(n).shapes_overlong]
         raise UserError(f"algorithm.overlong_buffer: {name} does not shape over-long rewards ({', '.join(shapers)} "
                         f"does); set it to 0 or algorithm={shapers[0]}")
+    if alg.old_logprobs == "rollout" and alg.tis_cap:
+        raise UserError("algorithm.tis_cap: with algorithm.old_logprobs=rollout pi_old is the rollout's own "
+                        "log-probs, so every weight min(pi_old / pi_rollout, cap) would be 1; set tis_cap=0 or "
+                        "algorithm.old_logprobs=actor")
     return record
 
 

@@ -11,6 +11,7 @@ KL_CONTROLLERS = ("fixed", "adaptive")
 # hybridflow.algorithms.kl.estimators.KL_ESTIMATORS has exactly these keys (a test checks it; config imports nothing).
 KL_ESTIMATOR_NAMES = ("k1", "k2", "k3")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+OLD_LOGPROB_SOURCES = ("actor", "rollout")
 
 
 
@@ -29,6 +30,13 @@ class AlgorithmConfig:
     # (pi_old: the actor's log-probs before the update; pi_rollout: the engine's, stale at trainer.rollout_lag=1
     # or of another numeric precision); C = tis_cap, 0 = off. Usual value 2.0.
     tis_cap: float = bounded(0.0, ge=0)
+    # Where the PPO ratio's pi_old comes from. "actor": the actor recomputes the sampled tokens' log-probs before
+    # the update (a forward pass over the whole batch). "rollout": the engine's own log-probs of the tokens it
+    # sampled, i.e. the behaviour policy itself; the actor recomputes only on the parity gate's steps
+    # (trainer.parity_every), and those steps use the recomputed values. One forward pass per step less; worth it
+    # where the engine matches the actor (the native engine: max |dlogp| ~1e-6 in bf16), while with vLLM's kernels
+    # the ratio then also carries the engines' numeric difference (truncated IS is then meaningless: refused).
+    old_logprobs: str = bounded("actor", choices=OLD_LOGPROB_SOURCES)
     cliprange_value: float = bounded(0.2, gt=0)
     kl_coef: float = bounded(0.05, ge=0)
     kl_controller: str = bounded("fixed", choices=KL_CONTROLLERS)

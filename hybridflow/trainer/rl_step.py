@@ -92,10 +92,11 @@ class RLStep:
             ref = self._infer(Role.REF, batch, lambda r: per_token_logprobs(r, temperature))
         with timer("values"):
             values = self._infer(Role.CRITIC, batch, lambda r: per_token_values)
+        recompute = self.recomputes_old_logprobs(batch)
         with timer("old_logprobs"):
-            old = self._infer(Role.ACTOR, batch, lambda r: per_token_logprobs(r, temperature))
+            old = self._infer(Role.ACTOR, batch, lambda r: per_token_logprobs(r, temperature)) if recompute else None
         with timer("exchange"):
-            batch.old_logprobs = self.share(Role.ACTOR, old, batch)
+            batch.old_logprobs = self.share(Role.ACTOR, old, batch) if recompute else batch.rollout_logprobs.clone()
             batch.ref_logprobs = self.share(Role.REF, ref, batch) if Role.REF in self.meshes else None
             batch.values = self.share(Role.CRITIC, values, batch) if Role.CRITIC in self.meshes else None
             self.land_scores(batch)
@@ -116,6 +117,13 @@ class RLStep:
                 metrics |= self._update(Role.ACTOR, batch, self._actor_loss(temperature), self._actor_fields())
         self.kl_ctl.update(kl, batch.size)
         return metrics | {"kl": kl, "kl_coef": float(self.kl_ctl.value)}
+
+    def recomputes_old_logprobs(self, batch: StepBatch) -> bool:
+        """Whether the actor recomputes pi_old for `batch` (algorithm.old_logprobs); the same on every rank (the
+        step count and the shared batch decide). A batch without the rollout's log-probs (at lag 1, the one a
+        checkpoint held from before a change of setting) is recomputed."""
+        return (self.cfg.algorithm.old_logprobs == "actor" or batch.rollout_logprobs is None
+                or self.parity_due(self.steps_done))
 
     def land_scores(self, batch: StepBatch) -> None:
         """Share the scores `produce` left on their ranks (a no-op once shared); collective over the world."""

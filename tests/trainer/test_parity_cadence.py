@@ -128,3 +128,23 @@ def test_step_asks_the_rollout_for_logprobs_for_the_batch_of_a_gate_step(one_ran
     assert rollout.asked == want and t.steps_done == 5
     if lag:  # the batch trained on in step 3 (0-based) was generated in step 2, with log-probs
         assert t.ready.rollout_logprobs is None  # generated in step 4 for step 5: not a gate step
+
+
+def test_old_logprobs_from_the_rollout_are_recomputed_only_on_gate_steps():
+    t = trainer("trainer.parity_every=3", "algorithm.old_logprobs=rollout")
+    assert [t.reads_rollout_logprobs(step) for step in range(4)] == [True] * 4  # pi_old comes from them
+    with_logprobs, restored = batch(torch.zeros(1, 4)), batch(None)
+    recomputed = []
+    for step in range(4):
+        t.steps_done = step
+        recomputed.append(t.recomputes_old_logprobs(with_logprobs))
+        assert t.recomputes_old_logprobs(restored)  # nothing to take pi_old from
+    assert recomputed == [True, False, False, True]
+    assert all(trainer("trainer.parity_every=3").recomputes_old_logprobs(with_logprobs) for _ in range(2))
+
+
+def test_old_logprobs_from_the_rollout_refuse_truncated_is():
+    from hybridflow.errors import UserError
+
+    with pytest.raises(UserError, match="algorithm.tis_cap: with algorithm.old_logprobs=rollout"):
+        build_algorithm(load_experiment("tiny_cpu", ["algorithm.old_logprobs=rollout", "algorithm.tis_cap=2.0"]))
