@@ -7,6 +7,10 @@ logit reduced over the TP group (2 all-reduces per chunk; none at TP 1, and no h
 by hand. Both are equal on every rank of the TP group and differentiable (the PPO policy loss and the entropy bonus
 back-propagate through them).
 
+`compiled=True` runs each chunk's two vocabulary-wide steps (the exp sums of the forward, the gradient of the
+backward) as kernels torch.compile fuses: each reads the model-dtype logits once instead of making ~6 fp32 passes
+over the chunk. Same math, another summation order (fp32-close, a test ties them); off by default.
+
 Why not megatron-core's `vocab_parallel_cross_entropy` plus autograd through an entropy: both work on fp32 copies
 of the whole micro-batch's logits and autograd keeps them and the probabilities for backward, ~20 bytes per logit
 at the backward's peak. At a 16k-token micro-batch and a 128k vocabulary that is ~40 GB: an H100 run went out of
@@ -27,6 +31,7 @@ def token_logprobs(
     *,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    compiled: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Log-probability of `targets` under vocab-parallel `logits` (and optionally the entropy), in fp32.
 
@@ -39,10 +44,11 @@ def token_logprobs(
         tp_group: the role's tensor-parallel group (`pg_collection.tp`).
         temperature: logits are divided by it (use the rollout's sampling temperature for PPO ratios).
         with_entropy: also return the entropy of the full distribution, `[b, s]`.
+        compiled: the chunks' vocabulary-wide steps as torch.compile'd kernels (see the module docstring).
     """
     if temperature <= 0:
         raise ValueError(f"temperature: {temperature} must be > 0; use 1.0 for the model's own distribution")
-    logprobs, entropy = ChunkedLogprobs.apply(logits, targets, temperature, tp_group)
+    logprobs, entropy = ChunkedLogprobs.apply(logits, targets, temperature, tp_group, compiled)
     return (logprobs, entropy) if with_entropy else logprobs
 
 
@@ -67,6 +73,38 @@ def _scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return z if temperature == 1.0 else z / temperature
 
 
+def exp_sums(logits: torch.Tensor, top: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum_v e_v, sum_v e_v z_v) with z = logits / temperature in fp32 and e = exp(z - top), over the last dim."""
+    z = _scaled(logits, temperature)
+    e = (z - top.unsqueeze(-1)).exp_()
+    return e.sum(-1), e.mul_(z).sum(-1)
+
+
+def logit_grad(logits: torch.Tensor, log_z: torch.Tensor, entropy: torch.Tensor, g_t: torch.Tensor,
+               g_h: torch.Tensor, local_targets: torch.Tensor, at_target: torch.Tensor, temperature: float
+               ) -> torch.Tensor:
+    """d loss / d logits of one chunk, in the logits' dtype (see ChunkedLogprobs; g_t, g_h already / temperature)."""
+    log_p = _scaled(logits, temperature) - log_z.unsqueeze(-1)  # a new tensor: in place from here
+    p = log_p.exp()
+    # -p (g_t + g_H (log p + H)), then + g_t at the target where this shard holds it
+    dz = log_p.add_(entropy.unsqueeze(-1)).mul_(-g_h).sub_(g_t).mul_(p)
+    return dz.scatter_add_(-1, local_targets.unsqueeze(-1), at_target).to(logits.dtype)
+
+
+_COMPILED: dict[str, object] = {}
+
+
+def _kernels(compiled: bool):
+    """(exp_sums, logit_grad), eager or torch.compile'd (compiled once per process, shapes dynamic: the chunks'
+    token counts vary)."""
+    if not compiled:
+        return exp_sums, logit_grad
+    if not _COMPILED:
+        _COMPILED.update(exp_sums=torch.compile(exp_sums, dynamic=True),
+                         logit_grad=torch.compile(logit_grad, dynamic=True))
+    return _COMPILED["exp_sums"], _COMPILED["logit_grad"]
+
+
 def _all_reduce(t: torch.Tensor, group: dist.ProcessGroup, op=dist.ReduceOp.SUM) -> torch.Tensor:
     if group.size() > 1:
         dist.all_reduce(t, op=op, group=group)
@@ -86,7 +124,8 @@ class ChunkedLogprobs(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, temperature: float, tp_group: dist.ProcessGroup):
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, temperature: float, tp_group: dist.ProcessGroup,
+                compiled: bool = False):
         shard = logits.shape[-1]
         first = tp_group.rank() * shard  # the global id of this shard's first column
         shape = logits.shape[:-1]
@@ -95,17 +134,19 @@ class ChunkedLogprobs(torch.autograd.Function):
         local_targets = targets - first
         held = (local_targets >= 0) & (local_targets < shard)
         local_targets = torch.where(held, local_targets, 0)
+        sums_of = _kernels(compiled)[0]
         for block in token_chunks(shape):
-            z = _scaled(logits[block], temperature)
-            top = _all_reduce(z.amax(dim=-1), tp_group, dist.ReduceOp.MAX)
-            e = (z - top.unsqueeze(-1)).exp_()
-            z_t = torch.where(held[block], z.gather(-1, local_targets[block].unsqueeze(-1)).squeeze(-1), 0.0)
-            sums = _all_reduce(torch.stack([e.sum(-1), e.mul_(z).sum(-1), z_t]), tp_group)
+            chunk = logits[block]
+            # max and gather on the model-dtype logits: dividing by temperature > 0 commutes with both, exactly
+            top = _all_reduce(_scaled(chunk.amax(dim=-1), temperature), tp_group, dist.ReduceOp.MAX)
+            picked = _scaled(chunk.gather(-1, local_targets[block].unsqueeze(-1)).squeeze(-1), temperature)
+            z_t = torch.where(held[block], picked, 0.0)
+            sums = _all_reduce(torch.stack([*sums_of(chunk, top, temperature), z_t]), tp_group)
             lz = top + sums[0].log()
             logprobs[block] = sums[2] - lz
             entropy[block] = lz - sums[1] / sums[0]
             log_z[block] = lz
-        ctx.temperature = temperature
+        ctx.temperature, ctx.compiled = temperature, compiled
         ctx.save_for_backward(logits, local_targets, held, log_z, entropy)
         return logprobs, entropy
 
@@ -113,14 +154,12 @@ class ChunkedLogprobs(torch.autograd.Function):
     def backward(ctx, grad_logprobs: torch.Tensor, grad_entropy: torch.Tensor):
         logits, local_targets, held, log_z, entropy = ctx.saved_tensors
         t = ctx.temperature
+        grad_of = _kernels(ctx.compiled)[1]
         grad = torch.empty_like(logits)
         for block in token_chunks(logits.shape[:-1]):
-            log_p = _scaled(logits[block], t) - log_z[block].unsqueeze(-1)  # a new tensor: in place from here
-            p = log_p.exp()
             # the 1 / temperature of d / dlogits goes on the per-token gradients, not on the [chunk, vocab] tensor
             g_t, g_h = grad_logprobs[block].unsqueeze(-1) / t, grad_entropy[block].unsqueeze(-1) / t
-            # -p (g_t + g_H (log p + H)), then + g_t at the target where this shard holds it
-            dz = log_p.add_(entropy[block].unsqueeze(-1)).mul_(-g_h).sub_(g_t).mul_(p)
             at_target = torch.where(held[block].unsqueeze(-1), g_t, 0.0)
-            grad[block] = dz.scatter_add_(-1, local_targets[block].unsqueeze(-1), at_target)
-        return grad, None, None, None
+            grad[block] = grad_of(logits[block], log_z[block], entropy[block], g_t, g_h, local_targets[block],
+                                  at_target, t)
+        return grad, None, None, None, None

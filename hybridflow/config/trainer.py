@@ -54,6 +54,10 @@ class TrainerConfig:
     # N > 0: torch.profiler over RL step N (1-based, as logged) on every rank: a Chrome trace and a per-stage op
     # table in <output_dir>/profile/ (hybridflow/trainer/profiling.py). 0 = off.
     profile_step: int = bounded(0, ge=0)
+    # Every model role's log-probs and entropies through torch.compile'd kernels (megatron_adapters.logprobs): each
+    # chunk reads the logits once instead of ~6 fp32 passes over [tokens, vocab]. Compiles on first use (CPU: a C++
+    # compiler; ~1 min there). Off until a GPU run measures it (benchmarks/README.md).
+    compile_logprobs: bool = False
 
 
 @dataclass

@@ -78,6 +78,8 @@ class ModelRole:
     # Forward passes run the model with its LoRA adapters off: the reference as the actor's base model
     # (`actor_base_role`).
     adapters_off: bool = False
+    # Log-probs through torch.compile'd chunk kernels (`trainer.compile_logprobs`, megatron_adapters.logprobs).
+    compile_logprobs: bool = False
 
     def save_hf(self, out_dir: str | Path, hf_dir: str | Path) -> None:
         """Write this role's model as an HF checkpoint in `out_dir`, its config.json taken from `hf_dir`; a model
@@ -112,7 +114,7 @@ class ModelRole:
         Column t is about token t, predicted from position t - 1; column 0 is 0.
         """
         out = token_logprobs(logits[:, :-1], input_ids[:, 1:], self.groups.tp, temperature=temperature,
-                             with_entropy=with_entropy)
+                             with_entropy=with_entropy, compiled=self.compile_logprobs)
         return tuple(map(shift_right, out)) if with_entropy else shift_right(out)
 
     @contextmanager

@@ -142,6 +142,8 @@ def build_run(cfg: ExperimentConfig, plan: Plan, work_dir: Path) -> BuiltRun:
             lora=lora, **overrides,
         )
 
+    for built_role in roles.values():
+        built_role.compile_logprobs = cfg.trainer.compile_logprobs
     sampling = rollout_sampling(cfg, tokenizer)
     rollout = build_rollout_role(plan.rollout_engine, setup, reshard_plan, sampling, started,  # the plan's engine
                                  turns=turn_settings(cfg, tokenizer))

@@ -175,3 +175,35 @@ def test_backward_keeps_the_model_dtype_logits_and_per_token_figures_only():
     log_p = torch.log_softmax(full / 0.7, dim=-1)
     (log_p.gather(-1, _targets().unsqueeze(-1)).sum() - (log_p.exp() * log_p).sum()).backward()
     torch.testing.assert_close(result["grad"], full.grad, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.slow  # torch.compile builds its CPU kernels here (~1 min)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_compiled_chunks_equal_the_eager_ones(dtype, monkeypatch):
+    """`compiled=True` (torch.compile'd exp sums and logit gradient) against the eager chunks: same values and
+    gradients to fp32 summation order, over chunks of two sizes (the last one shorter)."""
+    import torch.distributed as dist
+
+    from megatron_adapters import logprobs as lp
+    from megatron_adapters.logprobs import token_logprobs
+
+    owned = not dist.is_initialized()
+    if owned:
+        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
+    group = dist.new_group([dist.get_rank()])
+    monkeypatch.setattr(lp, "CHUNK_TOKENS", 16)
+    gen = torch.Generator().manual_seed(3)
+    logits = (torch.randn(3, 7, 50, generator=gen) * 4).to(dtype)
+    targets = torch.randint(0, 50, (3, 7), generator=gen)
+    w_logprob, w_entropy = torch.randn(3, 7, generator=gen), torch.randn(3, 7, generator=gen)
+    out = {}
+    for compiled in (False, True):
+        x = logits.clone().requires_grad_()
+        logp, ent = token_logprobs(x, targets, group, temperature=0.7, with_entropy=True, compiled=compiled)
+        (logp * w_logprob + ent * w_entropy).sum().backward()
+        out[compiled] = (logp.detach(), ent.detach(), x.grad.float())
+    if owned:
+        dist.destroy_process_group()
+    for eager, fused in zip(out[False], out[True], strict=True):
+        torch.testing.assert_close(fused, eager, rtol=1e-5, atol=1e-5 if dtype == torch.float32 else 1e-2)
+    assert not torch.equal(out[False][0], torch.zeros_like(out[False][0]))
