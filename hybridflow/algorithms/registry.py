@@ -13,6 +13,7 @@ from hybridflow.algorithms.record import Algorithm, AlgorithmRecord
 from hybridflow.config import ExperimentConfig
 from hybridflow.errors import UserError
 from hybridflow.registry import Registry
+from hybridflow.role_records import Role
 
 _ALGORITHMS: Registry[AlgorithmRecord] = Registry("algorithm", "algorithm.name")
 
@@ -56,7 +57,7 @@ def check_algorithm(cfg: ExperimentConfig) -> AlgorithmRecord:
         shapers = [n for n in registered_algorithms() if algorithm_record(n).shapes_overlong]
         raise UserError(f"algorithm.overlong_buffer: {name} does not shape over-long rewards ({', '.join(shapers)} "
                         f"does); set it to 0 or algorithm={shapers[0]}")
-    if alg.old_logprobs == "rollout" and alg.tis_cap:
+    if alg.old_logprobs == Role.ROLLOUT and alg.tis_cap:
         raise UserError("algorithm.tis_cap: with algorithm.old_logprobs=rollout pi_old is the rollout's own "
                         "log-probs, so every weight min(pi_old / pi_rollout, cap) would be 1; set tis_cap=0 or "
                         "algorithm.old_logprobs=actor")

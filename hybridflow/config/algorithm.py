@@ -6,12 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hybridflow.config.bounds import bounded
+from hybridflow.role_records import Role
 
 KL_CONTROLLERS = ("fixed", "adaptive")
 # hybridflow.algorithms.kl.estimators.KL_ESTIMATORS has exactly these keys (a test checks it; config imports nothing).
 KL_ESTIMATOR_NAMES = ("k1", "k2", "k3")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
-OLD_LOGPROB_SOURCES = ("actor", "rollout")
+OLD_LOGPROB_SOURCES = (Role.ACTOR, Role.ROLLOUT)  # the role whose log-probs are pi_old
 
 
 
@@ -36,7 +37,7 @@ class AlgorithmConfig:
     # (trainer.parity_every), and those steps use the recomputed values. One forward pass per step less; worth it
     # where the engine matches the actor (the native engine: max |dlogp| ~1e-6 in bf16), while with vLLM's kernels
     # the ratio then also carries the engines' numeric difference (truncated IS is then meaningless: refused).
-    old_logprobs: str = bounded("actor", choices=OLD_LOGPROB_SOURCES)
+    old_logprobs: str = bounded(Role.ACTOR, choices=OLD_LOGPROB_SOURCES)
     cliprange_value: float = bounded(0.2, gt=0)
     kl_coef: float = bounded(0.05, ge=0)
     kl_controller: str = bounded("fixed", choices=KL_CONTROLLERS)

@@ -122,7 +122,7 @@ class RLStep:
         """Whether the actor recomputes pi_old for `batch` (algorithm.old_logprobs); the same on every rank (the
         step count and the shared batch decide). A batch without the rollout's log-probs (at lag 1, the one a
         checkpoint held from before a change of setting) is recomputed."""
-        return (self.cfg.algorithm.old_logprobs == "actor" or batch.rollout_logprobs is None
+        return (self.cfg.algorithm.old_logprobs == Role.ACTOR or batch.rollout_logprobs is None
                 or self.parity_due(self.steps_done))
 
     def land_scores(self, batch: StepBatch) -> None:

@@ -114,7 +114,7 @@ class RLTrainer(RLStep):
 
     def reads_rollout_logprobs(self, step: int) -> bool:
         """Whether the batch trained on at `step` needs the rollout's log-probs (the gate, truncated IS, pi_old)."""
-        return bool(self.algorithm.tis_cap) or self.parity_due(step) or self.cfg.algorithm.old_logprobs == "rollout"
+        return bool(self.algorithm.tis_cap) or self.parity_due(step) or self.cfg.algorithm.old_logprobs == Role.ROLLOUT
 
     def produce(self, prompts: StepBatch, generating: tuple, timer: StageTimer, stage: str,
                 draw: Callable[[], StepBatch] | None = None, defer_scores: bool = False) -> StepBatch:
