@@ -45,6 +45,8 @@ class EngineTraits:
     separate_process: runs in an engine process per rollout rank (its own host memory; the bridge writes
         through a staging buffer).
     package: the distribution it needs beyond hybridflow's own (None: nothing extra).
+    takes_adapters: it can hold the actor's LoRA adapters over a base synced once, so a sync ships adapters only
+        (roles.actor.lora.sync=adapters); otherwise it is given merged weights.
     """
 
     gpu_only: bool
@@ -56,6 +58,7 @@ class EngineTraits:
     parity_every: int
     separate_process: bool
     package: PackageRequirement | None = None
+    takes_adapters: bool = False
 
 
 @dataclass(frozen=True)

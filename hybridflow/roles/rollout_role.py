@@ -27,8 +27,9 @@ from hybridflow.rollout.turns import (
 )
 from hybridflow.units import GIB
 from megatron_adapters.bridge import ReshardStats, WeightBridge, training_shards
+from megatron_adapters.bridge.adapters import adapter_shards, adapter_tensors
 from megatron_adapters.checkpoint import unwrap
-from megatron_adapters.lora import adapters_merged
+from megatron_adapters.lora import adapters_disabled, adapters_merged
 from megatron_adapters.model import model_shape
 
 
@@ -57,6 +58,10 @@ class RolloutRole:
     memory: dict[str, float] = field(default_factory=dict)  # rollout/* GiB freed by sleep, taken by wake (CUDA)
     turns: TurnSettings | None = None  # rollout.environment's turn loop; None: single turn
     turn_metrics: dict[str, float] = field(default_factory=dict)  # turns/*, tools/* of the last batch shared
+    # The actor's LoRA adapters over the same plan (`build_rollout_role(adapters=...)`): the engine holds the
+    # base, shipped by the first sync, and every sync ships the adapters; None: merged weights every sync.
+    adapter_bridge: WeightBridge | None = None
+    base_synced: bool = False
 
     def generate(self, batch: StepBatch, logprobs: bool = False) -> None:
         """Sample responses for this replica's rows and share tokens, token kinds (and log-probs, if asked for)
@@ -115,19 +120,37 @@ class RolloutRole:
                                                      self.device).cpu()
 
     def sync(self, actor: ModelRole | None) -> None:
-        """Reshard the actor's current weights into the engine (collective over actor and rollout ranks); an
-        actor with LoRA adapters ships merged weights (W + alpha/rank B A, its base restored bitwise after)."""
+        """Reshard the actor's current weights into the engine (collective over actor and rollout ranks). An
+        actor with LoRA adapters ships merged weights (W + alpha/rank B A, its base restored bitwise after), or,
+        with `adapter_bridge`, its frozen base on the first sync and its adapters on every one."""
         if self.engine is not None:
             self._track("rollout/wake_weights_taken_gib", lambda: self.engine.wake_up(("weights",)))
         targets = self.engine.weight_tensors() if self.engine is not None else {}
         on_bucket = self.engine.bucket_written if self.engine is not None else None
         model = unwrap(actor.model) if actor is not None else None
-        with adapters_merged(model) if model is not None else nullcontext():  # merged only while shipped
-            src = training_shards(model) if model is not None else {}
-            _, self.last_sync = self.bridge.reshard(src, targets, on_bucket)
+        if self.adapter_bridge is None:
+            with adapters_merged(model) if model is not None else nullcontext():  # merged only while shipped
+                src = training_shards(model) if model is not None else {}
+                _, self.last_sync = self.bridge.reshard(src, targets, on_bucket)
+        else:
+            self.last_sync = self._sync_adapters(model, targets, on_bucket)
         if self.engine is not None:
             self.engine.weights_written()
             self._track("rollout/wake_kv_taken_gib", lambda: self.engine.wake_up(("kv_cache",)))
+
+    def _sync_adapters(self, model, targets: dict[str, torch.Tensor], on_bucket) -> ReshardStats:
+        """The base (once: it is frozen) and then the adapters, each into its own engine tensors."""
+        adapter_names = self.adapter_bridge.target_shapes().keys()
+        stats = None
+        if not self.base_synced:
+            base = {name: t for name, t in targets.items() if name not in adapter_names}
+            with adapters_disabled(model) if model is not None else nullcontext():
+                src = training_shards(model) if model is not None else {}
+                _, stats = self.bridge.reshard(src, base, on_bucket)
+            self.base_synced = True
+        adapters = {name: targets[name] for name in adapter_names}
+        _, shipped = self.adapter_bridge.reshard(adapter_shards(model) if model is not None else {}, adapters)
+        return shipped if stats is None else stats + shipped
 
     def _track(self, key: str, call, sign: float = -1.0) -> None:
         """Run `call` and record in `memory[key]` how much free device memory it gave (+) or took (-1 x)."""
@@ -161,7 +184,8 @@ def build_rollout_role(
 ) -> RolloutRole:
     """The rollout engine `engine` (a registered name, the plan's rollout_engine) on its ranks and the bridge
     that feeds it, from `start_rollout`'s `started` (by default the builder starts here); `turns` makes every
-    generation a multi-turn rollout (rollout.environment). Collective.
+    generation a multi-turn rollout (rollout.environment); `setup.lora` (the actor's adapters, for an engine that
+    takes them) makes syncs ship the base once and then adapters only. Collective.
 
     The engine's record names its builder as an import path (hybridflow.engines); it is resolved here, the
     one place that imports engine code, and says which layout the bridge writes and whether it stages it.
@@ -171,8 +195,9 @@ def build_rollout_role(
         started = builder.start(setup)
     bridge = WeightBridge(reshard_plan, model_shape(setup.hf_dir), builder.target, dtype=setup.dtype,
                           bucket_bytes=bucket_bytes, device=setup.device, staged=builder.staged)
+    adapter_bridge = None if setup.lora is None else bridge.with_tensors(adapter_tensors(bridge.shape, setup.lora))
     return RolloutRole(setup.mesh, builder.build(setup, bridge, started), bridge, sampling, setup.device,
-                       turns=turns)
+                       turns=turns, adapter_bridge=adapter_bridge)
 
 
 def resolve_builder(path: str) -> RolloutBuilder:

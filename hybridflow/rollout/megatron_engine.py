@@ -130,7 +130,9 @@ class MegatronBuilder:
     def build(self, setup: EngineSetup, bridge: WeightBridge, started: None = None) -> MegatronRolloutEngine | None:
         if setup.groups is None:
             return None
-        model = build_gpt(setup.hf_dir, setup.groups, head="lm", dtype=setup.dtype, spec="decode").to(setup.device)
+        # with the actor's adapters (setup.lora) the layer spec carries them, so a sync can ship adapters only
+        model = build_gpt(setup.hf_dir, setup.groups, head="lm", dtype=setup.dtype, spec="decode",
+                          lora=setup.lora).to(setup.device)
         return MegatronRolloutEngine(model, setup.groups.tp, vocab_size=model_shape(setup.hf_dir).vocab_size)
 
 

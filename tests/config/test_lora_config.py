@@ -61,3 +61,28 @@ def test_reference_on_other_gpus_is_refused():
     assert plan_placement(load_experiment("tiny_cpu", moved)).meshes["ref"].ranks == (2, 3)
     with pytest.raises(UserError, match=r"^placement\.resources\.ref: the reference runs on GPUs \[2, 3\]"):
         plan_placement(load_experiment("tiny_cpu", [*moved, "roles.actor.lora.rank=4"]))
+
+
+def test_sync_is_adapters_where_the_engine_takes_them_else_merged():
+    from hybridflow.config.experiment import syncs_adapters, with_engine
+
+    cfg = load_experiment("tiny_cpu", ["roles.actor.lora.rank=4"])
+    assert cfg.roles.actor.lora.sync is None
+    assert syncs_adapters(cfg)  # the native engine is built with the actor's adapter spec
+    assert not syncs_adapters(with_engine(cfg, "vllm"))  # vLLM is given merged weights
+    assert not syncs_adapters(load_experiment("tiny_cpu", ["roles.actor.lora.rank=4", "roles.actor.lora.sync=merged"]))
+    assert not syncs_adapters(load_experiment("tiny_cpu"))  # no adapters, nothing to choose
+    explicit = load_experiment("tiny_cpu", ["roles.actor.lora.rank=4", "roles.actor.lora.sync=adapters"])
+    with pytest.raises(UserError, match=r"^roles\.actor\.lora\.sync: adapters, but rollout\.engine=vllm .*"
+                                        r"set roles\.actor\.lora\.sync=merged"):
+        syncs_adapters(with_engine(explicit, "vllm"))
+
+
+@pytest.mark.parametrize("overrides, match", [
+    (["roles.critic.lora.rank=4", "roles.critic.lora.sync=adapters"],
+     r"^roles\.critic\.lora\.sync: adapters; only the actor's weights go to the rollout"),
+    (["roles.actor.lora.rank=4", "roles.actor.lora.sync=lora"], r"^roles\.actor\.lora\.sync: 'lora' is unknown"),
+])
+def test_bad_sync_names_the_field(overrides, match):
+    with pytest.raises(UserError, match=match):
+        load_experiment("tiny_cpu", overrides)
