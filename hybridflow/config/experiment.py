@@ -70,16 +70,17 @@ def engine_of(cfg: ExperimentConfig) -> EngineRecord:
 
 def syncs_adapters(cfg: ExperimentConfig) -> bool:
     """Whether the rollout engine holds the actor's LoRA adapters over a base synced once, so every later sync
-    ships adapters only (`roles.actor.lora.sync`; unset: where the engine takes them, its record's
-    `takes_adapters`). False: merged weights (or no adapters). A resolved config: not rollout.engine=auto."""
+    ships adapters only (`roles.actor.lora.sync`; unset: the engine record's default, the first of its
+    `adapter_sync`). False: merged weights (or no adapters). A resolved config: not rollout.engine=auto."""
     lora = cfg.roles.actor.lora
     if not lora.enabled:
         return False
-    takes = engine_of(cfg).traits.takes_adapters
-    if lora.sync == "adapters" and not takes:
-        raise UserError(f"roles.actor.lora.sync: adapters, but rollout.engine={cfg.rollout.engine} is given merged "
-                        "weights; set roles.actor.lora.sync=merged (or rollout.engine=megatron)")
-    return takes if lora.sync is None else lora.sync == "adapters"
+    modes = engine_of(cfg).traits.adapter_sync
+    mode = lora.sync or modes[0]
+    if mode not in modes:
+        raise UserError(f"roles.actor.lora.sync: {mode}, but rollout.engine={cfg.rollout.engine} takes "
+                        f"{' or '.join(modes)}; set roles.actor.lora.sync={modes[0]}")
+    return mode == "adapters"
 
 
 def with_engine(cfg: ExperimentConfig, name: str) -> ExperimentConfig:

@@ -18,7 +18,7 @@ class MegatronEngine:
         replicates_kv_heads=False,  # megatron needs whole query groups per TP rank
         # its log-probs are a by-product of sampling, so the parity gate runs every step
         logprobs_free=True, parity_every=1, separate_process=False,
-        takes_adapters=True))  # its model is built with the actor's adapter spec
+        adapter_sync=("adapters", "merged")))  # its model can be built with the actor's adapter spec
 
     def kv_cache_bytes(self, gpu_memory_utilization: float, gpu_memory_gib: float, weights: int,
                        batch_kv: int) -> int:

@@ -45,8 +45,8 @@ class EngineTraits:
     separate_process: runs in an engine process per rollout rank (its own host memory; the bridge writes
         through a staging buffer).
     package: the distribution it needs beyond hybridflow's own (None: nothing extra).
-    takes_adapters: it can hold the actor's LoRA adapters over a base synced once, so a sync ships adapters only
-        (roles.actor.lora.sync=adapters); otherwise it is given merged weights.
+    adapter_sync: how it can be given an actor's LoRA adapters (roles.actor.lora.sync), its default first:
+        "merged" (W + s B A through the bridge every sync) and/or "adapters" (the base once, then the adapters).
     """
 
     gpu_only: bool
@@ -58,7 +58,7 @@ class EngineTraits:
     parity_every: int
     separate_process: bool
     package: PackageRequirement | None = None
-    takes_adapters: bool = False
+    adapter_sync: tuple[str, ...] = ("merged",)
 
 
 @dataclass(frozen=True)

@@ -126,6 +126,9 @@ class RolloutBuilder(Protocol):
 
     target: TargetFormat  # the weight layout the bridge writes into the engine
     staged: bool  # the engine lives in another process: the bridge writes a staging buffer
+    # with EngineSetup.lora: the adapters reach the engine as a PEFT directory (its `load_adapter(path)`), not
+    # through the bridge into its own adapter tensors
+    adapters_from_files: bool
 
     def start(self, setup: EngineSetup) -> Any:
         """Begin what can run while the models build (an engine process's imports); what it returns goes to

@@ -123,6 +123,7 @@ class MegatronBuilder:
 
     target = TargetFormat.MEGATRON
     staged = False
+    adapters_from_files = False  # the actor's adapters go through the bridge into the model's own
 
     def start(self, setup: EngineSetup) -> None:
         """Nothing to start early: the engine is a model in this process."""

@@ -63,19 +63,25 @@ def test_reference_on_other_gpus_is_refused():
         plan_placement(load_experiment("tiny_cpu", [*moved, "roles.actor.lora.rank=4"]))
 
 
-def test_sync_is_adapters_where_the_engine_takes_them_else_merged():
+def test_sync_is_the_engines_default_unless_set(monkeypatch):
+    from types import SimpleNamespace
+
+    import hybridflow.config.experiment as experiment
     from hybridflow.config.experiment import syncs_adapters, with_engine
 
     cfg = load_experiment("tiny_cpu", ["roles.actor.lora.rank=4"])
     assert cfg.roles.actor.lora.sync is None
     assert syncs_adapters(cfg)  # the native engine is built with the actor's adapter spec
-    assert not syncs_adapters(with_engine(cfg, "vllm"))  # vLLM is given merged weights
+    assert not syncs_adapters(with_engine(cfg, "vllm"))  # vLLM: merged unless asked (its LoRA path is unmeasured)
+    explicit = load_experiment("tiny_cpu", ["roles.actor.lora.rank=4", "roles.actor.lora.sync=adapters"])
+    assert syncs_adapters(with_engine(explicit, "vllm"))
     assert not syncs_adapters(load_experiment("tiny_cpu", ["roles.actor.lora.rank=4", "roles.actor.lora.sync=merged"]))
     assert not syncs_adapters(load_experiment("tiny_cpu"))  # no adapters, nothing to choose
-    explicit = load_experiment("tiny_cpu", ["roles.actor.lora.rank=4", "roles.actor.lora.sync=adapters"])
-    with pytest.raises(UserError, match=r"^roles\.actor\.lora\.sync: adapters, but rollout\.engine=vllm .*"
-                                        r"set roles\.actor\.lora\.sync=merged"):
-        syncs_adapters(with_engine(explicit, "vllm"))
+    merged_only = SimpleNamespace(traits=SimpleNamespace(adapter_sync=("merged",)))
+    monkeypatch.setattr(experiment, "engine_of", lambda cfg: merged_only)
+    with pytest.raises(UserError, match=r"^roles\.actor\.lora\.sync: adapters, but rollout\.engine=megatron takes "
+                                        r"merged; set roles\.actor\.lora\.sync=merged$"):
+        syncs_adapters(explicit)
 
 
 @pytest.mark.parametrize("overrides, match", [
