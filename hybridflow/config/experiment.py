@@ -75,11 +75,17 @@ def syncs_adapters(cfg: ExperimentConfig) -> bool:
     lora = cfg.roles.actor.lora
     if not lora.enabled:
         return False
-    modes = engine_of(cfg).traits.adapter_sync
+    record = engine_of(cfg)
+    modes = record.traits.adapter_sync
     mode = lora.sync or modes[0]
     if mode not in modes:
         raise UserError(f"roles.actor.lora.sync: {mode}, but rollout.engine={cfg.rollout.engine} takes "
                         f"{' or '.join(modes)}; set roles.actor.lora.sync={modes[0]}")
+    if mode == "adapters" and record.traits.sleeps and not record.weights_on_host_while_sleeping(
+            cfg.rollout.sleep_level):
+        raise UserError(f"roles.actor.lora.sync: adapters ships the base weights once, but rollout.sleep_level="
+                        f"{cfg.rollout.sleep_level} discards them at every sleep; set rollout.sleep_level=1 (or "
+                        "roles.actor.lora.sync=merged)")
     return mode == "adapters"
 
 

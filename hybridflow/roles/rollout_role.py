@@ -128,7 +128,7 @@ class RolloutRole:
     def sync(self, actor: ModelRole | None) -> None:
         """Reshard the actor's current weights into the engine (collective over actor and rollout ranks). An
         actor with LoRA adapters ships merged weights (W + alpha/rank B A, its base restored bitwise after), or,
-        with `adapter_bridge`, its frozen base on the first sync and its adapters on every one."""
+        with `adapter_bridge` / `adapter_dir`, its frozen base on the first sync and its adapters on every one."""
         if self.engine is not None:
             self._track("rollout/wake_weights_taken_gib", lambda: self.engine.wake_up(("weights",)))
         targets = self.engine.weight_tensors() if self.engine is not None else {}

@@ -75,6 +75,11 @@ def test_sync_is_the_engines_default_unless_set(monkeypatch):
     assert not syncs_adapters(with_engine(cfg, "vllm"))  # vLLM: merged unless asked (its LoRA path is unmeasured)
     explicit = load_experiment("tiny_cpu", ["roles.actor.lora.rank=4", "roles.actor.lora.sync=adapters"])
     assert syncs_adapters(with_engine(explicit, "vllm"))
+    asleep = with_engine(load_experiment("tiny_cpu", ["roles.actor.lora.rank=4", "roles.actor.lora.sync=adapters",
+                                                      "rollout.sleep_level=2"]), "vllm")
+    with pytest.raises(UserError, match=r"^roles\.actor\.lora\.sync: adapters ships the base weights once, but "
+                                        r"rollout\.sleep_level=2 discards them .*set rollout\.sleep_level=1"):
+        syncs_adapters(asleep)  # vLLM at level 2 drops its weights when it sleeps: the base would be gone
     assert not syncs_adapters(load_experiment("tiny_cpu", ["roles.actor.lora.rank=4", "roles.actor.lora.sync=merged"]))
     assert not syncs_adapters(load_experiment("tiny_cpu"))  # no adapters, nothing to choose
     merged_only = SimpleNamespace(traits=SimpleNamespace(adapter_sync=("merged",)))
