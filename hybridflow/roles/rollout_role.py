@@ -153,7 +153,8 @@ class RolloutRole:
             base = {name: t for name, t in targets.items() if name not in adapter_names}
             with adapters_disabled(model) if model is not None else nullcontext():
                 src = training_shards(model) if model is not None else {}
-                _, stats = self.bridge.reshard(src, base, on_bucket)
+                if not self._share_base(src):
+                    _, stats = self.bridge.reshard(src, base, on_bucket)
             self.base_synced = True
         if self.adapter_bridge is not None:
             adapters = {name: targets[name] for name in adapter_names}
@@ -169,6 +170,17 @@ class RolloutRole:
                 written = (self.adapter_dir / ADAPTER_WEIGHTS).stat().st_size
             shipped = ReshardStats(time.perf_counter() - start, 0, 0, written)
         return shipped if stats is None else stats + shipped
+
+    def _share_base(self, src: dict[str, torch.Tensor]) -> bool:
+        """Colocated at the actor's layout (same TP, PP 1) the native engine takes the actor's frozen base tensors
+        themselves (no second copy, as the planner counts it: placement.memory.rollout_shares_actor_weights), so
+        only adapters are ever shipped. The base reshard would be local copies only there (no collective), so a
+        rank may decide alone; False: ship it."""
+        plan = self.bridge.plan
+        if (self.adapter_bridge is None or self.engine is None or not src or not plan.colocated
+                or plan.gen.tp != plan.train.tp or plan.train.pp != 1):
+            return False
+        return self.engine.share_weights(src)
 
     def _track(self, key: str, call, sign: float = -1.0) -> None:
         """Run `call` and record in `memory[key]` how much free device memory it gave (+) or took (-1 x)."""

@@ -104,6 +104,18 @@ class MegatronRolloutEngine:
     def weight_tensors(self) -> dict[str, torch.Tensor]:
         return {name: p.data for name, p in self.model.named_parameters()}
 
+    def share_weights(self, tensors: dict[str, torch.Tensor]) -> bool:
+        """Make the parameters named in `tensors` (this layout's names) these very tensors, holding no copy of
+        their own: the actor's frozen base, colocated at this TP and dtype. False, changing nothing, when a name,
+        shape or dtype differs."""
+        params = dict(self.model.named_parameters())
+        if any(name not in params or params[name].shape != t.shape or params[name].dtype != t.dtype
+               or params[name].device != t.device for name, t in tensors.items()):
+            return False
+        for name, tensor in tensors.items():
+            params[name].data = tensor
+        return True
+
     def bucket_written(self, index: int) -> None:
         """The bridge writes straight into the model's parameters."""
 

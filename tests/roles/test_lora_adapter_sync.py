@@ -2,9 +2,10 @@
 is built with the actor's adapter spec, the first sync ships the frozen base and the adapters, every later sync
 the adapters only. After several optimizer steps the engine's sampled tokens' log-probs equal the trainer's
 (adapters on), and a later sync writes exactly the adapter bytes (counted by hand from the model shape, far
-below the model) and receives no more than that. Two layouts: actor TP2 -> rollout TP1 x DP2 on the same ranks
-(the adapters are resharded: B of q/k/v and gate/up gathered over rows, A of proj/fc2 over columns), and actor
-and rollout on different ranks (everything point to point)."""
+below the model) and receives no more than that. Three layouts: actor TP2 -> rollout TP1 x DP2 on the same ranks
+(the adapters are resharded: B of q/k/v and gate/up gathered over rows, A of proj/fc2 over columns), actor
+and rollout on different ranks (everything point to point), and both at TP2 on the same ranks, where the engine
+takes the actor's frozen base tensors themselves (no copy: what the planner counts) and only adapters move."""
 
 import pytest
 import torch
@@ -49,6 +50,10 @@ def _adapter_sync(hf_dir: str, layout: str, ids: torch.Tensor) -> dict:
         actor_mesh, gen_mesh = RoleMesh("actor", (0, 1), 2, 1, 1), RoleMesh("rollout", (0, 1), 1, 1, 2)
         actor_groups = build_role_groups([0, 1], tp=2, pp=1, dp=1)
         gen_groups = build_role_groups([0, 1], tp=1, pp=1, dp=2)
+    elif layout == "shared":  # both TP2 on the same two ranks: the engine takes the actor's base tensors
+        actor_mesh, gen_mesh = RoleMesh("actor", (0, 1), 2, 1, 1), RoleMesh("rollout", (0, 1), 2, 1, 1)
+        actor_groups = build_role_groups([0, 1], tp=2, pp=1, dp=1)
+        gen_groups = build_role_groups([0, 1], tp=2, pp=1, dp=1)
     else:  # actor on rank 0, rollout on rank 1
         actor_mesh, gen_mesh = RoleMesh("actor", (0,), 1, 1, 1), RoleMesh("rollout", (1,), 1, 1, 1)
         actor_groups, gen_groups = build_role_groups([0], tp=1, pp=1, dp=1), build_role_groups([1], tp=1, pp=1, dp=1)
@@ -92,6 +97,12 @@ def _adapter_sync(hf_dir: str, layout: str, ids: torch.Tensor) -> dict:
         params = list(rollout.engine.model.parameters())
         result["engine_adapter_bytes"] = sum(p.numel() * p.element_size() for p in params if is_adapter_param(p))
         result["engine_model_bytes"] = sum(p.numel() * p.element_size() for p in params)
+        if actor is not None:  # which engine base tensors are the actor's own storage
+            from megatron_adapters.checkpoint import unwrap
+
+            mine = {p.data_ptr() for p in unwrap(actor.model).parameters()}
+            base = [p for p in params if not is_adapter_param(p)]
+            result["shared_base"] = sum(p.data_ptr() in mine for p in base) / len(base)
     return result
 
 
@@ -104,13 +115,14 @@ def _hand_adapter_bytes(hf) -> int:
     return 4 * per_layer * c.num_hidden_layers
 
 
-@pytest.mark.parametrize("layout", ["colocated", "split"])
+@pytest.mark.parametrize("layout", ["colocated", "split", "shared"])
 def test_adapter_sync_matches_the_trainer_and_moves_only_adapters(tmp_path, layout):
     hf = save_tiny_model("llama", tmp_path, seed=3)
     ids = token_batch(hf.config.vocab_size, batch=ROWS, seq=SEQ, seed=5)
     results = run_distributed(_adapter_sync, world_size=2, args=(str(tmp_path), layout, ids))
-    adapter_bytes = _hand_adapter_bytes(hf)
     engines = [r for r in results if "engine_adapter_bytes" in r]
+    # a TP1 engine holds every adapter; a TP2 one its shard of them
+    adapter_bytes = _hand_adapter_bytes(hf) if layout != "shared" else engines[0]["engine_adapter_bytes"]
     assert engines and all(r["engine_adapter_bytes"] == adapter_bytes for r in engines)
     model_bytes = engines[0]["engine_model_bytes"]
     assert adapter_bytes * 5 < model_bytes  # megabytes vs the model, at this tiny size already
@@ -118,7 +130,11 @@ def test_adapter_sync_matches_the_trainer_and_moves_only_adapters(tmp_path, layo
         first, *later = rank_result["syncs"]
         if "engine_adapter_bytes" not in rank_result:
             continue  # an actor-only rank writes nothing
-        assert first.bytes_written == model_bytes, r  # the base once, with the adapters
+        if layout == "shared":  # the engine's base is the actor's frozen base itself: nothing to ship, ever
+            assert rank_result["shared_base"] == 1.0 and first.bytes_written == adapter_bytes, r
+        else:
+            assert rank_result.get("shared_base", 0.0) == 0.0
+            assert first.bytes_written == model_bytes, r  # the base once, with the adapters
         for stats in later:
             assert stats.bytes_written == adapter_bytes  # the adapters only, every later sync
             assert stats.bytes_received <= adapter_bytes
