@@ -176,11 +176,11 @@ class RolloutRole:
         themselves (no second copy, as the planner counts it: placement.memory.rollout_shares_actor_weights), so
         only adapters are ever shipped. The base reshard would be local copies only there (no collective), so a
         rank may decide alone; False: ship it."""
-        plan = self.bridge.plan
-        if (self.adapter_bridge is None or self.engine is None or not src or not plan.colocated
-                or plan.gen.tp != plan.train.tp or plan.train.pp != 1):
+        if self.adapter_bridge is None or self.engine is None or not src:
             return False
-        return self.engine.share_weights(src)
+        plan = self.bridge.plan
+        return (plan.colocated and plan.gen.tp == plan.train.tp and plan.train.pp == 1
+                and self.engine.share_weights(src))
 
     def _track(self, key: str, call, sign: float = -1.0) -> None:
         """Run `call` and record in `memory[key]` how much free device memory it gave (+) or took (-1 x)."""

@@ -1,8 +1,9 @@
 """`python -m hybridflow.run` with `roles.actor.lora` on tiny_cpu (4 gloo ranks, actor TP2 x DP2, native rollout
-fed the base once and then adapters only through the bridge (roles.actor.lora.sync's default there), the reference as the actor with adapters off): the rollout's log-probs equal
-the actor's on every step (the parity gate, at its 1e-4 default), checkpoints hold adapters only and a resumed run
-repeats the uninterrupted one bit for bit, and the run ends with a merged HF model and a PEFT adapter that HF
-PEFT loads onto the base to give the merged model's logits."""
+at TP2 on the actor's base tensors, fed adapters only through the bridge: roles.actor.lora.sync's default there;
+the reference as the actor with adapters off): the rollout's log-probs equal the actor's on every step (the
+parity gate, at its 1e-4 default), checkpoints hold adapters only and a resumed run repeats the uninterrupted one
+bit for bit, and the run ends with a merged HF model and a PEFT adapter that HF PEFT loads onto the base to give
+the merged model's logits."""
 
 from __future__ import annotations
 
