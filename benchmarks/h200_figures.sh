@@ -2,7 +2,7 @@
 # The single-GPU figures of benchmarks/README.md, in one go on a GPU machine that has torch + transformers.
 #   benchmarks/h200_figures.sh OUT_DIR [STAGE ...]      stages: gpu-tests decode throughput trl calibrate
 #                                                       vllm-generate packing smollm2 smollm2-vllm trl-curve
-#                                                       offload8b
+#                                                       offload8b lora8b
 #   (default: the first four; calibrate = the cost model's MFU and decode figures at the Llama-3-8B shape)
 # Pure-Python dependencies the machine lacks (megatron-core, hydra-core, omegaconf, antlr4; trl, datasets, dill,
 # multiprocess for the trl stage) are installed from wheels in .whl/ (and .carry/trl/) when present.
@@ -150,8 +150,26 @@ for s in "${stages[@]}"; do
         kill "$smi" 2>/dev/null
         grep -E "Maximum resident|Elapsed" "$out/offload8b.log"
         rm -rf "$work"/offload8b/init_model "$work"/offload8b/checkpoints "$work"/offload8b/final_hf ;;
+    lora8b)
+        # Llama-3-8B GRPO with LoRA (rank 32 on every linear, lr 10x full fine-tuning's) on one 80 GB GPU (planned as
+        # an H100's 80 GB on an H200 too): no offloading, micro-batches of one row so the activations stay small
+        # (python -m hybridflow.plan prints 40.7 GiB; full fine-tuning at these settings is refused at 173.9). Peak
+        # host RSS from /usr/bin/time, GPU memory sampled by nvidia-smi every 2 s, step times in the run's metrics.
+        nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -l 2 >"$out/lora8b_gpu_mib.txt" 2>&1 &
+        smi=$!
+        # shellcheck disable=SC2086  # LORA8B_ARGS is a list of overrides
+        stage lora8b "${LORA8B_S:-560}" /usr/bin/time -v python3 -m hybridflow.run +experiment=ppo_llama_1b_h200 \
+            model=llama3_8b algorithm=grpo roles.critic.enabled=false rollout.n_samples_per_prompt=4 \
+            data.train_batch_size=16 rollout.max_new_tokens=512 data.seq_length=1536 roles.actor.lora.rank=32 \
+            roles.actor.lora.alpha=32 trainer.lr=1.0e-5 roles.actor.micro_batch_size=1 roles.actor.update_max_tokens=0 \
+            roles.actor.forward_max_tokens=0 cluster.gpu_type=H100 trainer.total_steps="${LORA8B_STEPS:-3}" \
+            trainer.save_last=false trainer.output_dir="$work/lora8b" ${LORA8B_ARGS:-}
+        kill "$smi" 2>/dev/null
+        grep -E "Maximum resident|Elapsed" "$out/lora8b.log"
+        sort -n "$out/lora8b_gpu_mib.txt" | tail -1 | sed 's/^/peak GPU MiB (nvidia-smi): /'
+        rm -rf "$work"/lora8b/init_model "$work"/lora8b/checkpoints "$work"/lora8b/final_hf ;;
     *) echo "unknown stage $s (use gpu-tests, decode, throughput, trl, calibrate, vllm-generate, packing, smollm2," \
-        "smollm2-vllm, trl-curve, offload8b)" >&2 ;;
+        "smollm2-vllm, trl-curve, offload8b, lora8b)" >&2 ;;
     esac
 done
 # Everything small the stages wrote (tables, JSON, PNG, metrics, logs) in one archive.

@@ -95,6 +95,9 @@ def hf_to_mcore_shard(
     if entry.layout is Layout.ROW:
         start, stop = _split_range(entry.full_shape[1], spec)
         return read(entry.hf[0], 1, start, stop)
+    if entry.layout is Layout.COLUMN:
+        start, stop = _split_range(entry.full_shape[0], spec)
+        return read(entry.hf[0], 0, start, stop)
     start, stop = _split_range(shape.ffn_hidden_size, spec)  # GATE_UP
     return torch.cat([read(name, 0, start, stop) for name in entry.hf], dim=0)
 
@@ -103,7 +106,7 @@ def mcore_full_to_hf(
     entry: WeightMapping, full: torch.Tensor, shape: ModelShape, tp: int
 ) -> dict[str, torch.Tensor]:
     """Invert the layout: ``full`` is the concatenation of all TP shards along ``entry.tp_dim``."""
-    if entry.layout in (Layout.REPLICATED, Layout.ROW):
+    if entry.layout in (Layout.REPLICATED, Layout.ROW, Layout.COLUMN):
         return {entry.hf[0]: full}
     if entry.layout is Layout.VOCAB:
         return {entry.hf[0]: full[: shape.vocab_size]}

@@ -94,7 +94,7 @@ def resolve_spec_name(spec: str) -> str:
 
 
 # Where each LoRA target sits in a layer spec, and which HF projections its base fuses.
-_LORA_SITES = {
+LORA_SITES = {
     "linear_qkv": ("self_attention", "qkv"),
     "linear_proj": ("self_attention", None),
     "linear_fc1": ("mlp", "gate_up"),
@@ -122,7 +122,7 @@ def with_lora(spec: ModuleSpec, config: TransformerConfig, lora: LoraSettings) -
         subs = _submodules(block_spec)
         changes = {}
         for target in lora.target_modules:
-            site, fused = _LORA_SITES[target]
+            site, fused = LORA_SITES[target]
             if site == block:
                 fused = fused if fused != "gate_up" or config.gated_linear_unit else None
                 changes[target] = lora_module_spec(getattr(subs, target), lora, fused)

@@ -25,7 +25,7 @@ from hybridflow.config.trainer import DistributedConfig, TrainerConfig
 from hybridflow.engines import AUTO, EngineRecord, get_engine
 from hybridflow.engines.vllm_args import check_engine_args
 from hybridflow.errors import UserError
-from hybridflow.role_records import model_roles, own_model_fields, role_record, trained_roles
+from hybridflow.role_records import Role, model_roles, own_model_fields, role_record, trained_roles
 from hybridflow.tools import get_environment
 
 
@@ -66,6 +66,27 @@ def with_role_settings(cfg: ExperimentConfig, settings: Mapping[str, Mapping[str
 def engine_of(cfg: ExperimentConfig) -> EngineRecord:
     """The record of `cfg.rollout.engine` (a resolved config: not auto)."""
     return get_engine(cfg.rollout.engine)
+
+
+def syncs_adapters(cfg: ExperimentConfig) -> bool:
+    """Whether the rollout engine holds the actor's LoRA adapters over a base synced once, so every later sync
+    ships adapters only (`roles.actor.lora.sync`; unset: the engine record's default, the first of its
+    `adapter_sync`). False: merged weights (or no adapters). A resolved config: not rollout.engine=auto."""
+    lora = cfg.roles.actor.lora
+    if not lora.enabled:
+        return False
+    record = engine_of(cfg)
+    modes = record.traits.adapter_sync
+    mode = lora.sync or modes[0]
+    if mode not in modes:
+        raise UserError(f"roles.actor.lora.sync: {mode}, but rollout.engine={cfg.rollout.engine} takes "
+                        f"{' or '.join(modes)}; set roles.actor.lora.sync={modes[0]}")
+    if mode == "adapters" and record.traits.sleeps and not record.weights_on_host_while_sleeping(
+            cfg.rollout.sleep_level):
+        raise UserError(f"roles.actor.lora.sync: adapters ships the base weights once, but rollout.sleep_level="
+                        f"{cfg.rollout.sleep_level} discards them at every sleep; set rollout.sleep_level=1 (or "
+                        "roles.actor.lora.sync=merged)")
+    return mode == "adapters"
 
 
 def with_engine(cfg: ExperimentConfig, name: str) -> ExperimentConfig:
@@ -113,6 +134,8 @@ def finalize_experiment(cfg: ExperimentConfig, checkpoints: CheckpointResolver |
         get_environment(cfg.rollout.environment)  # an unknown name: one line listing the registered ones
     _check_overlong_and_reward(cfg)
     _check_lora(cfg.roles)
+    if cfg.rollout.engine != AUTO:
+        syncs_adapters(cfg)  # adapters asked of an engine that takes merged weights only: one line, now
     _check_lengths(cfg)
     _check_lr_schedule(cfg)
     return cfg
@@ -170,6 +193,9 @@ def _check_lora(roles: RolesConfig) -> None:
         if lora.enabled and role not in trained_roles():
             raise UserError(f"roles.{role}.lora.rank: {lora.rank} on an untrained role; adapters train, so only "
                             f"{' and '.join(trained_roles())} take them: set roles.{role}.lora.rank=null")
+        if lora.sync is not None and role != Role.ACTOR:
+            raise UserError(f"roles.{role}.lora.sync: {lora.sync}; only the actor's weights go to the rollout, so "
+                            f"set roles.{role}.lora.sync=null")
         if lora.enabled and not lora.target_modules:
             raise UserError(f"roles.{role}.lora.target_modules: [] adapts nothing; list some of qkv, proj, fc1, "
                             f"fc2, or set roles.{role}.lora.rank=null for full fine-tuning")

@@ -12,6 +12,9 @@ RECOMPUTE_MODES = ("none", "selective", "full")
 # Linears of a layer that can carry LoRA adapters (megatron_adapters.lora.LORA_TARGETS without "linear_"; a test
 # ties them): fused q/k/v, attention output, fused gate/up, down.
 LORA_TARGET_MODULES = ("qkv", "proj", "fc1", "fc2")
+# How the rollout gets an adapted actor's weights (`roles.actor.lora.sync`): "merged" ships W + alpha/rank B A
+# through the bridge every sync (the whole model); "adapters" ships the base once, then lora_a / lora_b only.
+LORA_SYNC_MODES = ("merged", "adapters")
 
 
 @dataclass
@@ -41,6 +44,8 @@ class LoraConfig:
     dropout: float = bounded(0.0, ge=0, lt=1)
     target_modules: list[str] = bounded(default_factory=lambda: list(LORA_TARGET_MODULES),
                                         choices=LORA_TARGET_MODULES)
+    # the actor's only; null: "adapters" where the rollout engine takes adapters (the native one), else "merged"
+    sync: str | None = bounded(None, choices=LORA_SYNC_MODES)
 
     @property
     def enabled(self) -> bool:

@@ -17,7 +17,8 @@ class MegatronEngine:
         gpu_only=False, sleeps=False, supports_rollout_lag=True, shares_actor_weights=True,
         replicates_kv_heads=False,  # megatron needs whole query groups per TP rank
         # its log-probs are a by-product of sampling, so the parity gate runs every step
-        logprobs_free=True, parity_every=1, separate_process=False))
+        logprobs_free=True, parity_every=1, separate_process=False,
+        adapter_sync=("adapters", "merged")))  # its model can be built with the actor's adapter spec
 
     def kv_cache_bytes(self, gpu_memory_utilization: float, gpu_memory_gib: float, weights: int,
                        batch_kv: int) -> int:

@@ -45,6 +45,8 @@ class EngineTraits:
     separate_process: runs in an engine process per rollout rank (its own host memory; the bridge writes
         through a staging buffer).
     package: the distribution it needs beyond hybridflow's own (None: nothing extra).
+    adapter_sync: how it can be given an actor's LoRA adapters (roles.actor.lora.sync), its default first:
+        "merged" (W + s B A through the bridge every sync) and/or "adapters" (the base once, then the adapters).
     """
 
     gpu_only: bool
@@ -56,6 +58,7 @@ class EngineTraits:
     parity_every: int
     separate_process: bool
     package: PackageRequirement | None = None
+    adapter_sync: tuple[str, ...] = ("merged",)
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,10 @@ class VllmEngine:
         shares_actor_weights=False, replicates_kv_heads=True,
         # its log-probs cost ~15% of generation time (H200, 1B, 64 x 1024 tokens): the gate samples every 10th step
         logprobs_free=False, parity_every=10, separate_process=True,
-        package=PackageRequirement("vllm", VLLM_VERSIONS, extra="vllm")))
+        package=PackageRequirement("vllm", VLLM_VERSIONS, extra="vllm"),
+        # merged by default; "adapters" loads a PEFT directory per sync through vLLM's own LoRA path (enable_lora,
+        # LoRARequest: hybridflow.rollout.vllm_engine), not yet run on a GPU
+        adapter_sync=("merged", "adapters")))
 
     def kv_cache_bytes(self, gpu_memory_utilization: float, gpu_memory_gib: float, weights: int,
                        batch_kv: int) -> int:

@@ -31,6 +31,9 @@ RESERVED: dict[str, str] = {
     "load_format": "weights come from the bridge",
     "dtype": "set rollout.dtype",
     "seed": "set trainer.seed (rollout.seed_mode chooses per-request seeds)",
+    "enable_lora": "set roles.actor.lora.sync=adapters (with roles.actor.lora.rank)",
+    "max_lora_rank": "roles.actor.lora.rank sets it",
+    "max_loras": "the engine holds the actor's one adapter",
 }
 
 

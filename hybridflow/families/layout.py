@@ -7,6 +7,7 @@ Layouts (megatron tensors per TP rank ``r`` of ``tp``):
   ``num_kv_heads / tp`` groups ``g``: ``[q_g (heads_per_group * d rows) | k_g (d) | v_g (d)]``.
 - ``GATE_UP``: ``linear_fc1`` = ``[gate_r; up_r]``: each TP shard is its slice of gate, then of up.
 - ``VOCAB``: embedding / LM head rows, padded with zero rows to ``padded_vocab`` then split along dim 0.
+- ``COLUMN``: split evenly along dim 0 (the LoRA ``B`` of a column-parallel base, one per HF projection).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ class Layout(enum.Enum):
     QKV = "qkv"
     GATE_UP = "gate_up"
     VOCAB = "vocab"
+    COLUMN = "column"
 
     @property
     def tp_dim(self) -> int | None:
@@ -30,7 +32,8 @@ class Layout(enum.Enum):
         return _TP_DIM[self]
 
 
-_TP_DIM = {Layout.REPLICATED: None, Layout.ROW: 1, Layout.QKV: 0, Layout.GATE_UP: 0, Layout.VOCAB: 0}
+_TP_DIM = {Layout.REPLICATED: None, Layout.ROW: 1, Layout.QKV: 0, Layout.GATE_UP: 0, Layout.VOCAB: 0,
+           Layout.COLUMN: 0}
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import importlib
+import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import NamedTuple
 
 import torch
@@ -27,9 +29,11 @@ from hybridflow.rollout.turns import (
 )
 from hybridflow.units import GIB
 from megatron_adapters.bridge import ReshardStats, WeightBridge, training_shards
+from megatron_adapters.bridge.adapters import adapter_shards, adapter_tensors
 from megatron_adapters.checkpoint import unwrap
-from megatron_adapters.lora import adapters_merged
+from megatron_adapters.lora import adapters_disabled, adapters_merged
 from megatron_adapters.model import model_shape
+from megatron_adapters.peft_export import ADAPTER_WEIGHTS, save_peft_adapter
 
 
 class LocalSamples(NamedTuple):
@@ -57,6 +61,13 @@ class RolloutRole:
     memory: dict[str, float] = field(default_factory=dict)  # rollout/* GiB freed by sleep, taken by wake (CUDA)
     turns: TurnSettings | None = None  # rollout.environment's turn loop; None: single turn
     turn_metrics: dict[str, float] = field(default_factory=dict)  # turns/*, tools/* of the last batch shared
+    # An engine that holds the actor's LoRA adapters (`EngineSetup.lora`) gets the base on the first sync and the
+    # adapters on every one: through the bridge into its own adapter tensors (`adapter_bridge`, the native
+    # engine) or as a PEFT directory it loads itself (`adapter_dir`, vLLM). Neither: merged weights every sync.
+    adapter_bridge: WeightBridge | None = None
+    adapter_dir: Path | None = None
+    hf_dir: str = ""  # the base model the PEFT adapter names
+    base_synced: bool = False
 
     def generate(self, batch: StepBatch, logprobs: bool = False) -> None:
         """Sample responses for this replica's rows and share tokens, token kinds (and log-probs, if asked for)
@@ -115,19 +126,61 @@ class RolloutRole:
                                                      self.device).cpu()
 
     def sync(self, actor: ModelRole | None) -> None:
-        """Reshard the actor's current weights into the engine (collective over actor and rollout ranks); an
-        actor with LoRA adapters ships merged weights (W + alpha/rank B A, its base restored bitwise after)."""
+        """Reshard the actor's current weights into the engine (collective over actor and rollout ranks). An
+        actor with LoRA adapters ships merged weights (W + alpha/rank B A, its base restored bitwise after), or,
+        with `adapter_bridge` / `adapter_dir`, its frozen base on the first sync and its adapters on every one."""
         if self.engine is not None:
             self._track("rollout/wake_weights_taken_gib", lambda: self.engine.wake_up(("weights",)))
         targets = self.engine.weight_tensors() if self.engine is not None else {}
         on_bucket = self.engine.bucket_written if self.engine is not None else None
         model = unwrap(actor.model) if actor is not None else None
-        with adapters_merged(model) if model is not None else nullcontext():  # merged only while shipped
-            src = training_shards(model) if model is not None else {}
-            _, self.last_sync = self.bridge.reshard(src, targets, on_bucket)
+        if self.adapter_bridge is None and self.adapter_dir is None:
+            with adapters_merged(model) if model is not None else nullcontext():  # merged only while shipped
+                src = training_shards(model) if model is not None else {}
+                _, self.last_sync = self.bridge.reshard(src, targets, on_bucket)
+        else:
+            self.last_sync = self._sync_adapters(model, targets, on_bucket)
         if self.engine is not None:
             self.engine.weights_written()
             self._track("rollout/wake_kv_taken_gib", lambda: self.engine.wake_up(("kv_cache",)))
+
+    def _sync_adapters(self, model, targets: dict[str, torch.Tensor], on_bucket) -> ReshardStats:
+        """The base (once: it is frozen) and then the adapters, each into its own engine tensors, or (an engine
+        that loads them from files) written as a PEFT adapter that every rollout rank's engine then loads."""
+        adapter_names = self.adapter_bridge.target_shapes().keys() if self.adapter_bridge is not None else ()
+        stats = None
+        if not self.base_synced:
+            base = {name: t for name, t in targets.items() if name not in adapter_names}
+            with adapters_disabled(model) if model is not None else nullcontext():
+                src = training_shards(model) if model is not None else {}
+                if not self._share_base(src):
+                    _, stats = self.bridge.reshard(src, base, on_bucket)
+            self.base_synced = True
+        if self.adapter_bridge is not None:
+            adapters = {name: targets[name] for name in adapter_names}
+            _, shipped = self.adapter_bridge.reshard(adapter_shards(model) if model is not None else {}, adapters)
+        else:
+            start = time.perf_counter()
+            if model is not None:  # collective over the actor's ranks; its first writes the files
+                save_peft_adapter(model, self.adapter_dir, self.hf_dir)
+            dist.barrier()  # the files are complete before any engine reads them
+            written = 0
+            if self.engine is not None:
+                self.engine.load_adapter(str(self.adapter_dir))
+                written = (self.adapter_dir / ADAPTER_WEIGHTS).stat().st_size
+            shipped = ReshardStats(time.perf_counter() - start, 0, 0, written)
+        return shipped if stats is None else stats + shipped
+
+    def _share_base(self, src: dict[str, torch.Tensor]) -> bool:
+        """Colocated at the actor's layout (same TP, PP 1) the native engine takes the actor's frozen base tensors
+        themselves (no second copy, as the planner counts it: placement.memory.rollout_shares_actor_weights), so
+        only adapters are ever shipped. The base reshard would be local copies only there (no collective), so a
+        rank may decide alone; False: ship it."""
+        if self.adapter_bridge is None or self.engine is None or not src:
+            return False
+        plan = self.bridge.plan
+        return (plan.colocated and plan.gen.tp == plan.train.tp and plan.train.pp == 1
+                and self.engine.share_weights(src))
 
     def _track(self, key: str, call, sign: float = -1.0) -> None:
         """Run `call` and record in `memory[key]` how much free device memory it gave (+) or took (-1 x)."""
@@ -157,11 +210,13 @@ def start_rollout(engine: str, setup: EngineSetup) -> object:
 
 def build_rollout_role(
     engine: str, setup: EngineSetup, reshard_plan, sampling: SamplingParams, started: object = NOT_STARTED,
-    bucket_bytes: int = 256 << 20, turns: TurnSettings | None = None,
+    bucket_bytes: int = 256 << 20, turns: TurnSettings | None = None, adapter_dir: Path | None = None,
 ) -> RolloutRole:
     """The rollout engine `engine` (a registered name, the plan's rollout_engine) on its ranks and the bridge
     that feeds it, from `start_rollout`'s `started` (by default the builder starts here); `turns` makes every
-    generation a multi-turn rollout (rollout.environment). Collective.
+    generation a multi-turn rollout (rollout.environment); `setup.lora` (the actor's adapters, for an engine that
+    takes them) makes syncs ship the base once and then adapters only: through the bridge, or for an engine that
+    loads them from files (its builder's `adapters_from_files`) as a PEFT adapter in `adapter_dir`. Collective.
 
     The engine's record names its builder as an import path (hybridflow.engines); it is resolved here, the
     one place that imports engine code, and says which layout the bridge writes and whether it stages it.
@@ -171,8 +226,15 @@ def build_rollout_role(
         started = builder.start(setup)
     bridge = WeightBridge(reshard_plan, model_shape(setup.hf_dir), builder.target, dtype=setup.dtype,
                           bucket_bytes=bucket_bytes, device=setup.device, staged=builder.staged)
+    adapter_bridge = files = None
+    if setup.lora is not None and builder.adapters_from_files:
+        if adapter_dir is None:
+            raise ValueError("build_rollout_role: an engine that loads adapters from files needs adapter_dir")
+        files = Path(adapter_dir)
+    elif setup.lora is not None:
+        adapter_bridge = bridge.with_tensors(adapter_tensors(bridge.shape, setup.lora))
     return RolloutRole(setup.mesh, builder.build(setup, bridge, started), bridge, sampling, setup.device,
-                       turns=turns)
+                       turns=turns, adapter_bridge=adapter_bridge, adapter_dir=files, hf_dir=setup.hf_dir)
 
 
 def resolve_builder(path: str) -> RolloutBuilder:

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from hybridflow.config.rollout import RolloutConfig
     from hybridflow.placement import RoleMesh
     from megatron_adapters.bridge import TargetFormat, WeightBridge
+    from megatron_adapters.lora import LoraSettings
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,9 @@ class EngineSetup:
 
     rollout: the experiment's rollout settings (engine-only fields such as sleep_level, engine_args);
     mesh: the rollout mesh in the bridge's generation order; groups: this rank's rollout process groups;
-    hf_dir: the HF checkpoint that shapes the engine (its weights come from the bridge); seed: trainer.seed.
+    hf_dir: the HF checkpoint that shapes the engine (its weights come from the bridge); seed: trainer.seed;
+    lora: the actor's adapters when the engine takes them as adapters (the base once, then adapters only:
+    `hybridflow.config.experiment.syncs_adapters`); None: it is given whole (merged) weights.
     """
 
     rollout: RolloutConfig
@@ -114,6 +117,7 @@ class EngineSetup:
     device: torch.device
     seed: int
     timeout_s: float = 1800.0
+    lora: LoraSettings | None = None
 
 
 class RolloutBuilder(Protocol):
@@ -122,6 +126,9 @@ class RolloutBuilder(Protocol):
 
     target: TargetFormat  # the weight layout the bridge writes into the engine
     staged: bool  # the engine lives in another process: the bridge writes a staging buffer
+    # with EngineSetup.lora: the adapters reach the engine as a PEFT directory (its `load_adapter(path)`), not
+    # through the bridge into its own adapter tensors
+    adapters_from_files: bool
 
     def start(self, setup: EngineSetup) -> Any:
         """Begin what can run while the models build (an engine process's imports); what it returns goes to

@@ -114,6 +114,10 @@ class HostedEngine:
     def weights_written(self) -> None:
         self._call("weights_written")
 
+    def load_adapter(self, path: str) -> None:
+        """The engine's own LoRA path: it reads the PEFT adapter in directory `path` (vLLM)."""
+        self._call("load_adapter", path)
+
     def sleep(self) -> None:
         self._call("sleep")
 

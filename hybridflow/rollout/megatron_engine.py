@@ -104,6 +104,18 @@ class MegatronRolloutEngine:
     def weight_tensors(self) -> dict[str, torch.Tensor]:
         return {name: p.data for name, p in self.model.named_parameters()}
 
+    def share_weights(self, tensors: dict[str, torch.Tensor]) -> bool:
+        """Make the parameters named in `tensors` (this layout's names) these very tensors, holding no copy of
+        their own: the actor's frozen base, colocated at this TP and dtype. False, changing nothing, when a name,
+        shape or dtype differs."""
+        params = dict(self.model.named_parameters())
+        if any(name not in params or params[name].shape != t.shape or params[name].dtype != t.dtype
+               or params[name].device != t.device for name, t in tensors.items()):
+            return False
+        for name, tensor in tensors.items():
+            params[name].data = tensor
+        return True
+
     def bucket_written(self, index: int) -> None:
         """The bridge writes straight into the model's parameters."""
 
@@ -123,6 +135,7 @@ class MegatronBuilder:
 
     target = TargetFormat.MEGATRON
     staged = False
+    adapters_from_files = False  # the actor's adapters go through the bridge into the model's own
 
     def start(self, setup: EngineSetup) -> None:
         """Nothing to start early: the engine is a model in this process."""
@@ -130,7 +143,9 @@ class MegatronBuilder:
     def build(self, setup: EngineSetup, bridge: WeightBridge, started: None = None) -> MegatronRolloutEngine | None:
         if setup.groups is None:
             return None
-        model = build_gpt(setup.hf_dir, setup.groups, head="lm", dtype=setup.dtype, spec="decode").to(setup.device)
+        # with the actor's adapters (setup.lora) the layer spec carries them, so a sync can ship adapters only
+        model = build_gpt(setup.hf_dir, setup.groups, head="lm", dtype=setup.dtype, spec="decode",
+                          lora=setup.lora).to(setup.device)
         return MegatronRolloutEngine(model, setup.groups.tp, vocab_size=model_shape(setup.hf_dir).vocab_size)
 
 

@@ -67,6 +67,7 @@ class VllmEngineSpec:
     seed: int = 0
     seed_mode: str = "per_batch"
     engine_args: Mapping[str, Any] = field(default_factory=dict)
+    lora_rank: int = 0  # the actor's adapters' rank when vLLM applies them itself (roles.actor.lora.sync=adapters)
 
 
 def engine_kwargs(spec: VllmEngineSpec, known_args: Iterable[str] | None = None, dp_rank: int = 0) -> dict[str, Any]:
@@ -85,9 +86,13 @@ def engine_kwargs(spec: VllmEngineSpec, known_args: Iterable[str] | None = None,
         raise UserError(f"rollout.sleep_level: {spec.sleep_level} is not 1 or 2")
     if spec.seed_mode not in ("per_batch", "per_request"):
         raise UserError(f"rollout.seed_mode: {spec.seed_mode!r} is not per_batch or per_request")
+    lora = {}
+    if spec.lora_rank:  # vLLM applies the actor's adapters itself (`VllmRolloutEngine.load_adapter`)
+        lora = {"enable_lora": True, "max_lora_rank": vllm_lora_rank(spec.lora_rank), "max_loras": 1}
     return {
         **DEFAULT_ENGINE_ARGS,
         **user,
+        **lora,
         "model": spec.model_path,
         "tensor_parallel_size": spec.tp,
         "distributed_executor_backend": "external_launcher",
@@ -98,6 +103,19 @@ def engine_kwargs(spec: VllmEngineSpec, known_args: Iterable[str] | None = None,
         # every TP rank runs its own scheduler and sampler; identical seeds keep them in lockstep
         "seed": engine_seed(spec.seed, dp_rank),
     }
+
+
+# The adapter ranks vLLM's LoRA config accepts (its `max_lora_rank` choices, vLLM 0.20; not checked on a GPU).
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def vllm_lora_rank(rank: int) -> int:
+    """vLLM's `max_lora_rank` for adapters of `rank`: the smallest rank it accepts that holds them."""
+    fits = [r for r in VLLM_LORA_RANKS if r >= rank]
+    if not fits:
+        raise UserError(f"roles.actor.lora.rank: {rank} exceeds vLLM's largest max_lora_rank {VLLM_LORA_RANKS[-1]}; "
+                        "lower it or set roles.actor.lora.sync=merged")
+    return fits[0]
 
 
 def engine_seed(seed: int, dp_rank: int) -> int:
@@ -183,12 +201,15 @@ def outputs_to_batch(batch: RolloutBatch, outputs: Sequence[Any | None], samplin
 class VllmRolloutEngine:
     """The RolloutEngine protocol on a vLLM `LLM` (built by `create`, or any object with its methods)."""
 
-    def __init__(self, llm: Any, sampling_params_cls: Any, spec: VllmEngineSpec, dp_rank: int):
+    def __init__(self, llm: Any, sampling_params_cls: Any, spec: VllmEngineSpec, dp_rank: int,
+                 lora_request_cls: Any = None):
         self.llm = llm
         self.sampling_params_cls = sampling_params_cls
         self.spec = spec
         self.dp_rank = dp_rank
         self.asleep: set[str] = set()
+        self.lora_request_cls = lora_request_cls  # vllm.lora.request.LoRARequest when spec.lora_rank
+        self.lora_request: Any = None  # the adapter every request runs with (`load_adapter`)
 
     @classmethod
     def create(cls, spec: VllmEngineSpec, mesh: RoleMesh) -> VllmRolloutEngine:
@@ -206,7 +227,21 @@ class VllmRolloutEngine:
         llm = vllm.LLM(**engine_kwargs(spec, known, dp_rank))
         if rank == 0 and spec.seed_mode == "per_batch":
             print(PER_BATCH_NOTE, file=sys.stderr, flush=True)
-        return cls(llm, vllm.SamplingParams, spec, dp_rank=dp_rank)
+        lora_request_cls = None
+        if spec.lora_rank:
+            from vllm.lora.request import LoRARequest
+
+            lora_request_cls = LoRARequest
+        return cls(llm, vllm.SamplingParams, spec, dp_rank=dp_rank, lora_request_cls=lora_request_cls)
+
+    def load_adapter(self, path: str) -> None:
+        """Run every later request with the PEFT adapter in directory `path` (the actor's, just written). A new
+        adapter id per call: vLLM caches an adapter's weights by id, so a reused id would keep the old ones; with
+        max_loras=1 the previous one leaves the cache when this one is loaded (the first request loads it)."""
+        if self.lora_request_cls is None:
+            raise RuntimeError("vLLM engine was built without LoRA (VllmEngineSpec.lora_rank=0)")
+        number = 1 if self.lora_request is None else self.lora_request.lora_int_id + 1
+        self.lora_request = self.lora_request_cls(lora_name=f"actor-{number}", lora_int_id=number, lora_path=path)
 
     def model(self) -> torch.nn.Module:
         """vLLM's model on this rank. external_launcher runs one in-process worker, so `apply_model` (public
@@ -227,17 +262,21 @@ class VllmRolloutEngine:
             prompts.append({"prompt_token_ids": batch.tokens[row, : int(batch.prompt_lens[row])].tolist()})
             seed = request_seed(sampling.seed, self.dp_rank, row) if self.spec.seed_mode == "per_request" else None
             params.append(self.sampling_params_cls(**sampling_kwargs(sampling, room, seed)))
-        answers = self.llm.generate(prompts, params, use_tqdm=False) if prompts else []
+        lora = {"lora_request": self.lora_request} if self.lora_request is not None else {}
+        answers = self.llm.generate(prompts, params, use_tqdm=False, **lora) if prompts else []
         outputs: list[Any | None] = [None] * batch.tokens.shape[0]
         for row, answer in zip(rows, answers, strict=True):
             outputs[row] = answer
         return outputs_to_batch(batch, outputs, sampling)
 
     def weight_tensors(self) -> dict[str, torch.Tensor]:
-        """vLLM's parameters by name (one entry per tensor: a tied lm_head is the embedding)."""
+        """vLLM's parameters by name (one entry per tensor: a tied lm_head is the embedding). With LoRA on, vLLM
+        wraps each adapted linear and keeps its weights under `base_layer`: they go by the plain name (the base
+        the bridge writes), and its adapter slots (loaded from files) are left out."""
         if "weights" in self.asleep:
             raise RuntimeError("vLLM weights are asleep: wake_up(('weights',)) before writing them")
-        return {name: p.data for name, p in self.model().named_parameters()}
+        params = self.model().named_parameters()
+        return {name.replace(".base_layer.", "."): p.data for name, p in params if ".lora_" not in name}
 
     def bucket_written(self, index: int) -> None:
         """The engine host copies each bucket into `weight_tensors()` itself."""
@@ -266,7 +305,8 @@ def engine_spec(setup: EngineSetup) -> VllmEngineSpec:
     dtype = next(name for name, attr in DTYPES.items() if getattr(torch, attr) == setup.dtype)
     return VllmEngineSpec(model_path=setup.hf_dir, tp=setup.mesh.tp, dtype=dtype,
                           gpu_memory_utilization=r.gpu_memory_utilization, sleep_level=r.sleep_level,
-                          seed=setup.seed, seed_mode=r.seed_mode, engine_args=r.engine_args)
+                          seed=setup.seed, seed_mode=r.seed_mode, engine_args=r.engine_args,
+                          lora_rank=setup.lora.rank if setup.lora is not None else 0)
 
 
 class VllmBuilder:
@@ -276,6 +316,7 @@ class VllmBuilder:
 
     target = TargetFormat.VLLM
     staged = True
+    adapters_from_files = True  # the actor's adapters reach vLLM as a PEFT directory (`load_adapter`)
 
     def start(self, setup: EngineSetup) -> EngineProcess | None:
         if not torch.cuda.is_available():  # the planner refuses vLLM on a cpu cluster; here, without CUDA

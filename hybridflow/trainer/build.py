@@ -13,7 +13,7 @@ from transformers import PreTrainedTokenizerBase
 
 from hybridflow.algorithms import build_algorithm, build_kl_controller
 from hybridflow.config import ExperimentConfig
-from hybridflow.config.experiment import lr_decay_steps
+from hybridflow.config.experiment import lr_decay_steps, syncs_adapters, with_engine
 from hybridflow.config.model import torch_dtype
 from hybridflow.config.parallel import reference_is_actor_base
 from hybridflow.data import PromptDataset, load_prompt_dataset, load_tokenizer
@@ -98,7 +98,9 @@ def build_run(cfg: ExperimentConfig, plan: Plan, work_dir: Path) -> BuiltRun:
     training = build_training_group(meshes)
     setup = EngineSetup(rollout=cfg.rollout, mesh=meshes[Role.ROLLOUT], groups=groups[Role.ROLLOUT], hf_dir=hf_dir,
                         dtype=torch_dtype(cfg.rollout.dtype or cfg.model.dtype), device=device,
-                        seed=cfg.trainer.seed, timeout_s=cfg.distributed.timeout_s)
+                        seed=cfg.trainer.seed, timeout_s=cfg.distributed.timeout_s,
+                        lora=lora_settings(cfg.roles.actor.lora)
+                        if syncs_adapters(with_engine(cfg, plan.rollout_engine)) else None)
     started = start_rollout(plan.rollout_engine, setup)  # an engine process imports while the models build
 
     roles: dict[str, ModelRole] = {}
@@ -146,7 +148,7 @@ def build_run(cfg: ExperimentConfig, plan: Plan, work_dir: Path) -> BuiltRun:
         built_role.compile_logprobs = cfg.trainer.compile_logprobs
     sampling = rollout_sampling(cfg, tokenizer)
     rollout = build_rollout_role(plan.rollout_engine, setup, reshard_plan, sampling, started,  # the plan's engine
-                                 turns=turn_settings(cfg, tokenizer))
+                                 turns=turn_settings(cfg, tokenizer), adapter_dir=work_dir / "rollout_adapter")
     rollout.sync(roles.get(Role.ACTOR))  # the engine starts from the actor's weights, through the bridge
     alg = cfg.algorithm
     trainer = RLTrainer(

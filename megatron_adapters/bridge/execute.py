@@ -9,6 +9,7 @@ schedule bounds them by ``bucket_bytes``; a tensor larger than that is its own b
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from collections.abc import Callable
@@ -21,7 +22,7 @@ from megatron_adapters.bridge.plan import ReshardPlan
 from megatron_adapters.bridge.schedule import GATHER, OWN, RECV, BucketStep, ReshardSchedule
 from megatron_adapters.bridge.shard_ranges import ShardGeometry, TargetFormat
 from megatron_adapters.bridge.transport import build_transport
-from megatron_adapters.bridge.vllm_layout import bridge_tensors
+from megatron_adapters.bridge.vllm_layout import BridgeTensor, bridge_tensors
 from megatron_adapters.cpu_backend import compute_device
 from megatron_adapters.hf_safetensors import stage_entries
 from megatron_adapters.hf_weights import Layout, te_alias
@@ -34,8 +35,14 @@ class ReshardStats:
     """What one ``reshard`` call did on this rank."""
 
     seconds: float
-    bytes_received: int
+    bytes_received: int  # from other ranks (gathers and point-to-point)
     buckets: int
+    bytes_written: int = 0  # into this rank's destination tensors (what the engine was given)
+
+    def __add__(self, other: ReshardStats) -> ReshardStats:
+        """Two reshards of one sync (the base once, then the adapters) as one."""
+        return ReshardStats(self.seconds + other.seconds, self.bytes_received + other.bytes_received,
+                            self.buckets + other.buckets, self.bytes_written + other.bytes_written)
 
 
 def training_shards(model) -> dict[str, torch.Tensor]:
@@ -72,6 +79,8 @@ class WeightBridge:
             storage (they hold references: call ``clear_view_cache`` before freeing either side).
         staged: ``dst`` will be one staging buffer reused by every bucket (``bucket_shapes``, an engine in
             its own process): destination bytes count toward ``bucket_bytes`` too.
+        tensors: what it moves (default: the model's base weights, ``bridge_tensors``); the LoRA adapters
+            are ``megatron_adapters.bridge.adapters.adapter_tensors`` (see ``with_tensors``).
     """
 
     def __init__(
@@ -85,10 +94,12 @@ class WeightBridge:
         device: torch.device | None = None,
         cache_views: bool = True,
         staged: bool = False,
+        tensors: list[BridgeTensor] | None = None,
     ) -> None:
         self.plan, self.shape, self.target, self.dtype = plan, shape, target, dtype
         self.device = device or compute_device()
-        self.tensors = bridge_tensors(shape)
+        self.tensors = bridge_tensors(shape) if tensors is None else tensors
+        self.bucket_bytes, self.staged = bucket_bytes, staged
         train = ShardGeometry(
             TargetFormat.MEGATRON,
             plan.train.tp,
@@ -104,16 +115,27 @@ class WeightBridge:
                     f"divisible by tp={plan.gen.tp}; choose such a tp or rollout.engine=vllm"
                 )
             self.geometry = ShardGeometry.megatron(shape, plan.gen.tp, make_vocab_size_divisible_by)
-        element_size = torch.empty((), dtype=dtype).element_size()
-        self.schedule = ReshardSchedule(plan, shape, self.tensors, train, self.geometry, bucket_bytes, element_size,
-                                        staged)
         self.train_geometry = train
         self.rank = dist.get_rank()
         self.transport = build_transport(plan.micro_dp_groups())
+        self.cache_views = cache_views
+        self._schedule()
+
+    def _schedule(self) -> None:
+        element_size = torch.empty((), dtype=self.dtype).element_size()
+        self.schedule = ReshardSchedule(self.plan, self.shape, self.tensors, self.train_geometry, self.geometry,
+                                        self.bucket_bytes, element_size, self.staged)
         self.program = self.schedule.program(self.rank)
         self._row_numel = [math.prod(t.full_shape) // t.full_shape[t.dim] for t in self.tensors]
         self._view_cache: dict[int, tuple] = {}
-        self.cache_views = cache_views
+
+    def with_tensors(self, tensors: list[BridgeTensor]) -> WeightBridge:
+        """A bridge over the same plan, layouts and process groups that moves ``tensors`` instead (the LoRA
+        adapters after the base went once). Not collective: it creates no groups."""
+        other = copy.copy(self)
+        other.tensors = tensors
+        other._schedule()
+        return other
 
     def clear_view_cache(self) -> None:
         """Drop cached views (and with them the references to the last ``src``/``dst`` tensors)."""
@@ -172,7 +194,9 @@ class WeightBridge:
                 on_bucket(index)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        stats = ReshardStats(time.perf_counter() - start, self.transport.bytes_received - received, len(self.program))
+        written = sum(t.numel() * t.element_size() for t in aligned.values())
+        stats = ReshardStats(time.perf_counter() - start, self.transport.bytes_received - received, len(self.program),
+                             written)
         return dst, stats
 
     def _view(self, flat: torch.Tensor, x: int, rows: int) -> torch.Tensor:

@@ -5,7 +5,7 @@ Every parameter is viewed along its TP dimension (``Layout.tp_dim``; dim 0 for r
 
 - ``QKV``: ``[q (heads*d); k (kv_heads*d); v (kv_heads*d)]`` (``q_proj; k_proj; v_proj`` stacked).
 - ``GATE_UP``: ``[gate (ffn); up (ffn)]``.
-- ``ROW``: the input columns; ``REPLICATED``: all rows.
+- ``ROW``: the input columns; ``COLUMN``: the output rows; ``REPLICATED``: all rows.
 - ``VOCAB``: the real vocabulary rows ``[0, vocab)``; padded rows have no canonical position.
 
 A shard of a given layout is an ordered list of canonical ranges (its local rows, in order) plus its local
@@ -151,8 +151,8 @@ def shard_ranges(
         per = _even(geometry.padded_vocab, tp, "padded vocabulary")
         start, stop = rank * per, min((rank + 1) * per, shape.vocab_size)
         return ([(start, stop)] if stop > start else []), per
-    if layout is Layout.ROW:
-        per = _even(full_rows, tp, "row-parallel input width")
+    if layout in (Layout.ROW, Layout.COLUMN):
+        per = _even(full_rows, tp, "row-parallel input width" if layout is Layout.ROW else "column-parallel rows")
         return [(rank * per, (rank + 1) * per)], per
     if layout is Layout.GATE_UP:
         per = _even(shape.ffn_hidden_size, tp, "intermediate_size")

@@ -61,3 +61,39 @@ def test_reference_on_other_gpus_is_refused():
     assert plan_placement(load_experiment("tiny_cpu", moved)).meshes["ref"].ranks == (2, 3)
     with pytest.raises(UserError, match=r"^placement\.resources\.ref: the reference runs on GPUs \[2, 3\]"):
         plan_placement(load_experiment("tiny_cpu", [*moved, "roles.actor.lora.rank=4"]))
+
+
+def test_sync_is_the_engines_default_unless_set(monkeypatch):
+    from types import SimpleNamespace
+
+    import hybridflow.config.experiment as experiment
+    from hybridflow.config.experiment import syncs_adapters, with_engine
+
+    cfg = load_experiment("tiny_cpu", ["roles.actor.lora.rank=4"])
+    assert cfg.roles.actor.lora.sync is None
+    assert syncs_adapters(cfg)  # the native engine is built with the actor's adapter spec
+    assert not syncs_adapters(with_engine(cfg, "vllm"))  # vLLM: merged unless asked (its LoRA path is unmeasured)
+    explicit = load_experiment("tiny_cpu", ["roles.actor.lora.rank=4", "roles.actor.lora.sync=adapters"])
+    assert syncs_adapters(with_engine(explicit, "vllm"))
+    asleep = with_engine(load_experiment("tiny_cpu", ["roles.actor.lora.rank=4", "roles.actor.lora.sync=adapters",
+                                                      "rollout.sleep_level=2"]), "vllm")
+    with pytest.raises(UserError, match=r"^roles\.actor\.lora\.sync: adapters ships the base weights once, but "
+                                        r"rollout\.sleep_level=2 discards them .*set rollout\.sleep_level=1"):
+        syncs_adapters(asleep)  # vLLM at level 2 drops its weights when it sleeps: the base would be gone
+    assert not syncs_adapters(load_experiment("tiny_cpu", ["roles.actor.lora.rank=4", "roles.actor.lora.sync=merged"]))
+    assert not syncs_adapters(load_experiment("tiny_cpu"))  # no adapters, nothing to choose
+    merged_only = SimpleNamespace(traits=SimpleNamespace(adapter_sync=("merged",)))
+    monkeypatch.setattr(experiment, "engine_of", lambda cfg: merged_only)
+    with pytest.raises(UserError, match=r"^roles\.actor\.lora\.sync: adapters, but rollout\.engine=megatron takes "
+                                        r"merged; set roles\.actor\.lora\.sync=merged$"):
+        syncs_adapters(explicit)
+
+
+@pytest.mark.parametrize("overrides, match", [
+    (["roles.critic.lora.rank=4", "roles.critic.lora.sync=adapters"],
+     r"^roles\.critic\.lora\.sync: adapters; only the actor's weights go to the rollout"),
+    (["roles.actor.lora.rank=4", "roles.actor.lora.sync=lora"], r"^roles\.actor\.lora\.sync: 'lora' is unknown"),
+])
+def test_bad_sync_names_the_field(overrides, match):
+    with pytest.raises(UserError, match=match):
+        load_experiment("tiny_cpu", overrides)

@@ -37,7 +37,7 @@ def test_engine_starts_before_the_models_and_roles_get_the_plans_update_budget(t
         events.append(("model", name, kwargs["update_micro_batch_size"]))
         return SimpleNamespace(name=name)
 
-    def build_rollout_role(engine, setup, reshard_plan, sampling, started, turns=None):
+    def build_rollout_role(engine, setup, reshard_plan, sampling, started, turns=None, adapter_dir=None):
         events.append(("rollout", engine, started is token))
         raise Built
 

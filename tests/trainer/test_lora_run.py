@@ -1,8 +1,9 @@
 """`python -m hybridflow.run` with `roles.actor.lora` on tiny_cpu (4 gloo ranks, actor TP2 x DP2, native rollout
-fed merged weights through the bridge, the reference as the actor with adapters off): the rollout's log-probs equal
-the actor's on every step (the parity gate, at its 1e-4 default), checkpoints hold adapters only and a resumed run
-repeats the uninterrupted one bit for bit, and the run ends with a merged HF model and a PEFT adapter that HF
-PEFT loads onto the base to give the merged model's logits."""
+at TP2 on the actor's base tensors, fed adapters only through the bridge: roles.actor.lora.sync's default there;
+the reference as the actor with adapters off): the rollout's log-probs equal the actor's on every step (the
+parity gate, at its 1e-4 default), checkpoints hold adapters only and a resumed run repeats the uninterrupted one
+bit for bit, and the run ends with a merged HF model and a PEFT adapter that HF PEFT loads onto the base to give
+the merged model's logits."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def test_lora_run_syncs_checkpoints_resumes_and_exports(tmp_path):
     run(straight, *COMMON, "trainer.total_steps=4")
     records = rl_records(straight)
     assert [r["step"] for r in records] == [1, 2, 3, 4]
-    assert all(r["parity/max_abs"] <= 1e-4 for r in records)  # merged weights in the engine == trainer's model
+    assert all(r["parity/max_abs"] <= 1e-4 for r in records)  # the engine's adapters == trainer's model
     assert all(r["kl"] > 0 for r in records)  # the reference (adapters off) differs from the actor
 
     keys = dist_checkpointing.load_tensors_metadata(str(straight / "checkpoints" / "step_000002"))

@@ -20,6 +20,10 @@
   ~2 s per update on the 1B H200 run, device.py CPU_ADAM); the GPU Adam runs on the rest only.
 - vLLM's decode step adds a fixed host time (`vllm_decode_step_overhead_s`: scheduling, sampling, the
   engine process's round trip), fitted to the measured generation of the 1B H200 runs (device.py VLLM_DECODE).
+- A role with LoRA adapters (`RoleWork.adapter_params`) updates a frozen base: its forward and the
+  activation-gradient backward, no weight-gradient GEMMs (2 of full training's 3 forwards' FLOPs) and no fp32
+  main-grad traffic, plus the adapters' own 6 FLOPs per adapter weight and token; gradients, the DP sync and Adam
+  cover the adapters only, and a rollout that holds the adapters is synced with their bytes only.
 - Every pass of a role in a stage adds a fixed overhead (batch hand-off, barrier).
 - A micro-batch costs at least a fixed host time per layer (forward; forward + backward), an optimizer step
   at least one per layer too: at 135M parameters that, not the math, is the time (device.py MICRO_BATCH_HOST).
@@ -49,6 +53,11 @@ ADAM_BYTES_PER_PARAM = 32
 # the bf16 weights; a backward reads them again (dgrad) and reads + writes the fp32 main grad that the
 # weight-gradient GEMM accumulates into (megatron's gradient-accumulation fusion).
 TRAIN_STREAM_BYTES_PER_PARAM = 2 + 2 + 8
+# A frozen base (LoRA): the forward and the activation-gradient backward read the bf16 weights; no main grad.
+FROZEN_STREAM_BYTES_PER_PARAM = 2 + 2
+# Forward-equivalents of FLOPs per update over a frozen base: forward + activation-gradient backward, without
+# the weight-gradient GEMMs (full training: 3).
+FROZEN_BASE_FLOPS_FACTOR = 2.0
 # Host link bytes per offloaded parameter per optimizer step: the fp32 gradient copied to the pinned host
 # buffer, the updated fp32 master copied back into the GPU parameter (hybrid_optimizer.py, megatron-core 0.19).
 OFFLOAD_LINK_BYTES_PER_PARAM = 4 + 4
@@ -63,17 +72,20 @@ def _pp_crosses_node(s: Strategy, device: DeviceSpec) -> bool:
 
 def _forward_passes(role: RoleWork, s: Strategy, workload: Workload, device: DeviceSpec, eff: Efficiency,
                     samples: int, batch_per_step: int, flops_factor: float, mfu: float,
-                    allreduces_per_layer: int, max_rows: int) -> Breakdown:
+                    allreduces_per_layer: int, max_rows: int, extra_flops_per_token: float = 0.0,
+                    stream_bytes_per_param: float | None = None) -> Breakdown:
     """Compute, pipeline bubble, TP and PP communication of passes over `samples` full sequences, each
     schedule call over `batch_per_step` of them cut into micro-batches of at most `max_rows` rows per replica
     as the runtime cuts them (micro_batch_split). A micro-batch takes at least its host time per layer
     (`eff.forward_host_s_per_layer`, `train_host_s_per_layer`): a small model's kernels finish before
-    the host has launched the next ones."""
+    the host has launched the next ones. `extra_flops_per_token` adds FLOPs outside the model's matmuls (LoRA
+    adapters); `stream_bytes_per_param` replaces a training micro-batch's weight traffic (a frozen base)."""
     m, seq = role.model, workload.sequence_length
-    flops = flops_factor * m.forward_flops_per_token(seq / 2) * samples * seq
+    flops = (flops_factor * m.forward_flops_per_token(seq / 2) + extra_flops_per_token) * samples * seq
     micro_per_step, rows = micro_batch_split(max(1, math.ceil(batch_per_step / s.dp)), max_rows)
     micro_batches = micro_per_step * samples / batch_per_step
     per_param = TRAIN_STREAM_BYTES_PER_PARAM if flops_factor > 1 else m.dtype_bytes
+    per_param = per_param if stream_bytes_per_param is None else stream_bytes_per_param
     stream = micro_batches * m.params / (s.tp * s.pp) * per_param / (device.hbm_bytes_per_s * eff.hbm_efficiency)
     host_per_layer = eff.train_host_s_per_layer if flops_factor > 1 else eff.forward_host_s_per_layer
     host = micro_batches * m.num_layers / s.pp * host_per_layer
@@ -92,11 +104,16 @@ def training_breakdown(role: RoleWork, s: Strategy, workload: Workload, device: 
                        eff: Efficiency) -> Breakdown:
     """PPO update: ppo_epochs passes over all samples, one optimizer step per mini-batch."""
     samples = workload.samples * workload.ppo_epochs
-    # forward + backward = 3 forwards; 4 TP all-reduces per layer (2 forward, 2 backward).
-    out = _forward_passes(role, s, workload, device, eff, samples, workload.mini_batch_size, 3.0,
-                          eff.train_mfu, 4, role.update_micro_batch_size or role.micro_batch_size)
+    # forward + backward = 3 forwards (2 over a frozen base, plus the adapters' forward and backward: 6 FLOPs per
+    # adapter weight and token); 4 TP all-reduces per layer (2 forward, 2 backward).
+    frozen = role.adapter_params > 0
+    out = _forward_passes(role, s, workload, device, eff, samples, workload.mini_batch_size,
+                          FROZEN_BASE_FLOPS_FACTOR if frozen else 3.0, eff.train_mfu, 4,
+                          role.update_micro_batch_size or role.micro_batch_size,
+                          extra_flops_per_token=6.0 * role.adapter_params,
+                          stream_bytes_per_param=FROZEN_STREAM_BYTES_PER_PARAM if frozen else None)
     steps = samples / workload.mini_batch_size
-    shard = role.model.params / (s.tp * s.pp)
+    shard = role.trained_params / (s.tp * s.pp)  # what gets gradients, the DP sync and Adam
     sync = allreduce_time(shard * DP_SYNC_BYTES_PER_PARAM, s.dp, s.tp, device, eff) * (1 - eff.dp_overlap)
     on_host = shard / s.dp * role.offload_fraction
     adam = (shard / s.dp - on_host) * ADAM_BYTES_PER_PARAM / (device.hbm_bytes_per_s * eff.hbm_efficiency)
@@ -149,7 +166,7 @@ def generation_breakdown(role: RoleWork, s: Strategy, workload: Workload, device
                               + launch)
     steps = waves * response
     out = {"prefill": waves * prefill, "decode_latency": steps * latency,
-           "bridge": bridge_time(m.weight_bytes, s.tp, s.pp, g, device, eff)}
+           "bridge": bridge_time(role.synced_bytes, s.tp, s.pp, g, device, eff)}
     if workload.rollout_offloads_weights and device.host_bytes_per_s > 0:
         # Sleep after generating copies the shard to host memory, wake-up copies it back (then the bridge
         # overwrites it); every GPU copies its own shard at once.

@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 from dataclasses import replace
 
-from hybridflow.config.experiment import ExperimentConfig, engine_of, with_role_settings
+from hybridflow.config.experiment import ExperimentConfig, engine_of, syncs_adapters, with_role_settings
 from hybridflow.config.model import ModelConfig
 from hybridflow.config.parallel import reference_is_actor_base
 from hybridflow.errors import UserError
@@ -60,7 +60,9 @@ def workload_from_config(cfg: ExperimentConfig) -> Workload:
                  cfg.roles.get(name).micro_batch_size,
                  cfg.roles.get(name).forward_micro_batch_size(seq), cfg.roles.get(name).update_micro_batch_size(seq),
                  offloaded_share(cfg.roles.get(name)) if role_record(name).trained else 0.0,
-                 preparation_passes=2 if name == Role.ACTOR and _on_actor(cfg, Role.REF) else 1)
+                 preparation_passes=2 if name == Role.ACTOR and _on_actor(cfg, Role.REF) else 1,
+                 adapter_params=_adapter_params(cfg, name),
+                 syncs_adapters=name == Role.ACTOR and syncs_adapters(cfg))
         for name in model_roles() if cfg.roles.get(name).enabled and not _on_actor(cfg, name))
     lag = one_step_off(cfg)
     return Workload(roles=split_rollout(roles) if lag else roles, prompts=cfg.data.train_batch_size,
@@ -70,6 +72,12 @@ def workload_from_config(cfg: ExperimentConfig) -> Workload:
                     mini_batch_size=cfg.algorithm.mini_batch_size, ppo_epochs=cfg.algorithm.ppo_epochs,
                     rollout_offloads_weights=engine_of(cfg).weights_on_host_while_sleeping(cfg.rollout.sleep_level),
                     rollout_engine=cfg.rollout.engine, rollout_lag=int(lag))
+
+
+def _adapter_params(cfg: ExperimentConfig, role: str) -> int:
+    """The LoRA adapter weights `role` trains (`roles.<role>.lora`), 0 when it trains fully or not at all."""
+    lora = cfg.roles.get(role).lora
+    return model_shape(cfg.role_model(role), role).lora_params(lora.rank, lora.target_modules) if lora.enabled else 0
 
 
 def _on_actor(cfg: ExperimentConfig, role: str) -> bool:

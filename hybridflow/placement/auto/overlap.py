@@ -67,7 +67,7 @@ def sync_time(sets: tuple[SetSolution, ...], ranks: tuple[Sequence[int], ...], w
     r, rollout = _choice(sets, Role.ROLLOUT)
     nodes = {g // device.gpus_per_node for g in (*ranks[a], *ranks[r])}
     t, g = actor.strategy, rollout.strategy
-    return split_sync_time(workload.role(Role.ROLLOUT).model.weight_bytes, t.tp, t.pp, t.dp, g.gen_tp, g.gen_dp,
+    return split_sync_time(workload.role(Role.ROLLOUT).synced_bytes, t.tp, t.pp, t.dp, g.gen_tp, g.gen_dp,
                            len(nodes) == 1, device, eff)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from hybridflow.families import resolved_head_dim
-from hybridflow.placement.param_count import layer_matmul_params
+from hybridflow.placement.param_count import layer_lora_params, layer_matmul_params
 from hybridflow.role_records import Role, Stage, model_roles, role_record
 
 # The dataflow of one PPO iteration (hybridflow.role_records.Stage), by the short names the cost model reads.
@@ -82,6 +82,11 @@ class ModelCostShape:
     def kv_bytes_per_token(self) -> int:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
 
+    def lora_params(self, rank: int, targets: tuple[str, ...] | list[str]) -> int:
+        """LoRA adapter weights of the whole model at TP 1 (`roles.<role>.lora`: rank, target_modules)."""
+        return self.num_layers * layer_lora_params(self.hidden_size, self.intermediate_size,
+                                                   self.num_kv_heads * self.head_dim, self.q_dim, rank, targets, 1)
+
 
 @dataclass(frozen=True)
 class RoleWork:
@@ -101,6 +106,22 @@ class RoleWork:
     # Forward passes over the batch in preparation: 2 for an actor whose model also gives the reference's
     # log-probs (adapters off: config.parallel.reference_is_actor_base), else 1.
     preparation_passes: int = 1
+    # LoRA adapter weights of the whole model (`ModelCostShape.lora_params`): the update trains only them over
+    # the frozen base (no weight-gradient GEMMs, gradients or optimizer state for it); 0 = full training.
+    adapter_params: int = 0
+    # A generating role whose rollout engine holds its adapters (hybridflow.config.experiment.syncs_adapters):
+    # each sync ships the adapters, not the model (the base goes once, outside the iteration).
+    syncs_adapters: bool = False
+
+    @property
+    def trained_params(self) -> int:
+        """Weights that get gradients, optimizer state and the DP sync: the adapters, or the whole model."""
+        return self.adapter_params or self.model.params
+
+    @property
+    def synced_bytes(self) -> int:
+        """Bytes the bridge ships to the rollout per iteration (whole-model figure, before resharding)."""
+        return self.adapter_params * self.model.dtype_bytes if self.syncs_adapters else self.model.weight_bytes
 
     @property
     def trains(self) -> bool:
@@ -182,7 +203,8 @@ def split_rollout(roles: tuple[RoleWork, ...]) -> tuple[RoleWork, ...]:
     rollout: RoleWork | None = None
     for r in roles:
         if r.generates:
-            rollout = RoleWork(Role.ROLLOUT, r.model, role_record(Role.ROLLOUT).stages)
+            rollout = RoleWork(Role.ROLLOUT, r.model, role_record(Role.ROLLOUT).stages,
+                               adapter_params=r.adapter_params, syncs_adapters=r.syncs_adapters)  # its sync bytes
             r = replace(r, stages=tuple(s for s in r.stages if s != GENERATION))
         out.append(r)
     if rollout is None:
