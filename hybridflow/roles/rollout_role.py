@@ -68,6 +68,9 @@ class RolloutRole:
     adapter_dir: Path | None = None
     hf_dir: str = ""  # the base model the PEFT adapter names
     base_synced: bool = False
+    # The engine's record trait: colocated at the actor's layout it can read the actor's tensors in place
+    # (`_share`), as the planner counts it (placement.memory.rollout_shares_actor_weights).
+    shares_actor_weights: bool = False
 
     def generate(self, batch: StepBatch, logprobs: bool = False) -> None:
         """Sample responses for this replica's rows and share tokens, token kinds (and log-probs, if asked for)
@@ -135,9 +138,13 @@ class RolloutRole:
         on_bucket = self.engine.bucket_written if self.engine is not None else None
         model = unwrap(actor.model) if actor is not None else None
         if self.adapter_bridge is None and self.adapter_dir is None:
+            adapted = model is not None and getattr(model, "lora", None) is not None
             with adapters_merged(model) if model is not None else nullcontext():  # merged only while shipped
                 src = training_shards(model) if model is not None else {}
-                _, self.last_sync = self.bridge.reshard(src, targets, on_bucket)
+                if not adapted and self._share(src):  # the engine reads the actor's (full) weights in place
+                    self.last_sync = ReshardStats(0.0, 0, 0, 0)
+                else:
+                    _, self.last_sync = self.bridge.reshard(src, targets, on_bucket)
         else:
             self.last_sync = self._sync_adapters(model, targets, on_bucket)
         if self.engine is not None:
@@ -153,7 +160,7 @@ class RolloutRole:
             base = {name: t for name, t in targets.items() if name not in adapter_names}
             with adapters_disabled(model) if model is not None else nullcontext():
                 src = training_shards(model) if model is not None else {}
-                if not self._share_base(src):
+                if not self._share(src):
                     _, stats = self.bridge.reshard(src, base, on_bucket)
             self.base_synced = True
         if self.adapter_bridge is not None:
@@ -171,12 +178,13 @@ class RolloutRole:
             shipped = ReshardStats(time.perf_counter() - start, 0, 0, written)
         return shipped if stats is None else stats + shipped
 
-    def _share_base(self, src: dict[str, torch.Tensor]) -> bool:
-        """Colocated at the actor's layout (same TP, PP 1) the native engine takes the actor's frozen base tensors
-        themselves (no second copy, as the planner counts it: placement.memory.rollout_shares_actor_weights), so
-        only adapters are ever shipped. The base reshard would be local copies only there (no collective), so a
-        rank may decide alone; False: ship it."""
-        if self.adapter_bridge is None or self.engine is None or not src:
+    def _share(self, src: dict[str, torch.Tensor]) -> bool:
+        """Colocated at the actor's layout (same TP, PP 1) an engine that can (`shares_actor_weights`, the native
+        one) takes the actor's tensors themselves: no second copy, as the planner counts it
+        (placement.memory.rollout_shares_actor_weights). Full fine-tuning: the optimizer updates them in place,
+        so every later sync ships nothing; LoRA: the frozen base, and then only adapters move. The reshard would
+        be local copies only there (no collective), so a rank may decide alone; False: ship it."""
+        if not self.shares_actor_weights or self.engine is None or not src:
             return False
         plan = self.bridge.plan
         return (plan.colocated and plan.gen.tp == plan.train.tp and plan.train.pp == 1
@@ -234,7 +242,8 @@ def build_rollout_role(
     elif setup.lora is not None:
         adapter_bridge = bridge.with_tensors(adapter_tensors(bridge.shape, setup.lora))
     return RolloutRole(setup.mesh, builder.build(setup, bridge, started), bridge, sampling, setup.device,
-                       turns=turns, adapter_bridge=adapter_bridge, adapter_dir=files, hf_dir=setup.hf_dir)
+                       turns=turns, adapter_bridge=adapter_bridge, adapter_dir=files, hf_dir=setup.hf_dir,
+                       shares_actor_weights=get_engine(engine).traits.shares_actor_weights)
 
 
 def resolve_builder(path: str) -> RolloutBuilder:
