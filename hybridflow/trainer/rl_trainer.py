@@ -55,6 +55,7 @@ from hybridflow.token_kinds import observation_share
 from hybridflow.trainer.dynamic_sampling import fill_batch
 from hybridflow.trainer.rl_step import RLStep, StageTimer
 from hybridflow.trainer.scorer import Scorer
+from hybridflow.units import GIB
 
 # Training width is rounded up to this many columns: divisible by any TP degree (sequence parallelism
 # splits the sequence over TP) and a friendly size for the kernels.
@@ -163,7 +164,7 @@ class RLTrainer(RLStep):
             **{f"time/{k}": v for k, v in timer.seconds.items()},
         }
         if torch.cuda.is_available():
-            out["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
+            out["peak_memory_gib"] = torch.cuda.max_memory_allocated() / GIB
         return out
 
 
