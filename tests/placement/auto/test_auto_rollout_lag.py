@@ -14,15 +14,8 @@ from hybridflow.placement.auto.device import DeviceSpec, Efficiency
 from hybridflow.placement.auto.from_config import plan_candidate, plan_from_candidate
 from hybridflow.placement.auto.search import Candidate, search
 from hybridflow.placement.auto.strategy import strategies_for
-from hybridflow.placement.auto.workload import (
-    GENERATION,
-    LLAMA_SHAPES,
-    PREPARATION,
-    TRAINING,
-    Workload,
-    ppo_roles,
-    split_rollout,
-)
+from hybridflow.placement.auto.workload import GENERATION, PREPARATION, TRAINING, Workload, split_rollout
+from tests.placement.auto.paper_workload import LLAMA_SHAPES, ppo_roles
 
 GIB = 2**30
 LAG1 = ["placement=auto", "trainer.rollout_lag=1"]

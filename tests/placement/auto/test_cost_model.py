@@ -12,7 +12,8 @@ from hybridflow.placement.auto.comm import allreduce_time, bridge_volume
 from hybridflow.placement.auto.cost_model import generation_breakdown, inference_breakdown, training_breakdown
 from hybridflow.placement.auto.device import DeviceSpec, Efficiency, efficiency_for, load_calibration
 from hybridflow.placement.auto.strategy import Strategy, strategies_for
-from hybridflow.placement.auto.workload import LLAMA_SHAPES, ModelCostShape, Workload, ppo_roles
+from hybridflow.placement.auto.workload import ModelCostShape, Workload
+from tests.placement.auto.paper_workload import LLAMA_SHAPES, ppo_roles
 
 
 def training_time(*args) -> float:
