@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -147,6 +148,21 @@ class RLTrainer(RLStep):
         with timer("dynamic_sampling"):
             batch, self.sampling_metrics = fill_batch(prompts, generated_and_scored, self.algorithm.group_filter)
         return batch
+
+    # ---- checkpoint state -----------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the trainer beyond the roles' weights: the RL steps trained, the KL
+        controller, the rollout's sampling step, and at lag 1 the batch landed but not yet trained on (the
+        weights that generated it are gone after the update, so a resumed run could not regenerate it)."""
+        return {"step": self.steps_done, "kl": self.kl_ctl.state_dict(), "rollout_step": self.rollout.step,
+                "ready": self.ready}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from `state` (`state_dict` of the run that wrote the checkpoint)."""
+        self.steps_done = state["step"]
+        self.kl_ctl.load_state_dict(state["kl"])
+        self.rollout.step = state["rollout_step"]
+        self.ready = state.get("ready")
 
     # ---- metrics --------------------------------------------------------------------------------
     def _step_metrics(self, batch, metrics, timer) -> dict[str, float]:
