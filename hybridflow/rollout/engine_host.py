@@ -229,13 +229,6 @@ def build_hosted_engine(spawned: EngineProcess | None, build: EngineBuilder, arg
     return engine
 
 
-def start_hosted_engine(build: EngineBuilder, args: tuple, mesh: RoleMesh, bucket_shapes, dtype: torch.dtype,
-                        device: torch.device, timeout_s: float = 1800.0) -> HostedEngine | None:
-    """Spawn this rank's engine process and build its engine at once (no model build to overlap with)."""
-    return build_hosted_engine(spawn_engine_process(mesh, device, timeout_s=timeout_s), build, args,
-                               bucket_shapes, dtype)
-
-
 def start_times(took: Mapping[str, float]) -> str:
     """The engine process's start phases, e.g. "imports 27.1 s, world 0.2 s, engine 41.0 s"."""
     return ", ".join(f"{phase} {seconds:.1f} s" for phase, seconds in took.items())

@@ -79,7 +79,8 @@ def _transport_one_rank():
     import torch.distributed as dist
 
     from hybridflow.placement import RoleMesh
-    from hybridflow.rollout.engine_host import EngineProcessError, start_hosted_engine
+    from hybridflow.rollout.engine_host import EngineProcessError
+    from tests.rollout.hosted_engine import start_hosted_engine
 
     mesh = RoleMesh("rollout", (0,), tp=1, pp=1, dp=1)
     every = {n: s for b in SHAPES for n, s in b.items()}
@@ -185,11 +186,11 @@ def _hosted_vs_in_process(hf_dir: str):
     from hybridflow.placement import RoleMesh
     from hybridflow.roles.rollout_role import RolloutRole, build_rollout_role
     from hybridflow.rollout.base import EngineSetup
-    from hybridflow.rollout.engine_host import start_hosted_engine
     from megatron_adapters.bridge import TargetFormat, WeightBridge, build_reshard_plan
     from megatron_adapters.hf_safetensors import load_hf_weights
     from megatron_adapters.model import build_gpt, model_shape
     from megatron_adapters.process_groups import build_role_groups
+    from tests.rollout.hosted_engine import start_hosted_engine
 
     cpu, fp32 = torch.device("cpu"), torch.float32
     mesh = RoleMesh("rollout", (1, 2), tp=2, pp=1, dp=1)
@@ -252,7 +253,7 @@ def _launched_rank():
     from hybridflow.config import DistributedConfig
     from hybridflow.launch import init_distributed
     from hybridflow.placement import RoleMesh
-    from hybridflow.rollout.engine_host import start_hosted_engine
+    from tests.rollout.hosted_engine import start_hosted_engine
 
     launcher = init_distributed(DistributedConfig(master_port=int(os.environ["MASTER_PORT"])))
     every = {n: s for b in SHAPES for n, s in b.items()}

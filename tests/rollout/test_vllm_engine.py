@@ -487,11 +487,11 @@ def test_gpu_generation_logprobs_and_sleep_wake(tmp_path, single_rank_world):
     tokens equal HF's; sampled-token log-probs match HF; a sleep/sync/wake cycle keeps them."""
     import transformers
 
-    from hybridflow.rollout.engine_host import start_hosted_engine
     from megatron_adapters.bridge import TargetFormat, WeightBridge, build_reshard_plan
     from megatron_adapters.hf_weights import ShardSpec, hf_to_mcore_shard
     from megatron_adapters.model import model_shape, padded_vocab_size
     from tests.megatron_adapters.bridge.bridge_fixtures import hf_reader
+    from tests.rollout.hosted_engine import start_hosted_engine
 
     recorder = load_recorder()
     hf_state = recorder.write_hf_checkpoint(recorder.TINY_MODELS["llama_gqa"], tmp_path)
