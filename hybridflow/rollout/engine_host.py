@@ -188,7 +188,7 @@ def spawn_engine_process(mesh: RoleMesh, device: torch.device, preload: tuple[st
     env.update(RANK=str(mesh.ranks.index(rank)), WORLD_SIZE=str(mesh.size), MASTER_PORT=str(port),
                LOCAL_RANK=str(device.index or 0) if device.type == "cuda" else "0",
                MASTER_ADDR="127.0.0.1" if host == socket.gethostname() else host)
-    engine_mesh = RoleMesh(Role.ROLLOUT, tuple(range(mesh.size)), tp=mesh.tp, pp=mesh.pp, dp=mesh.dp)
+    engine_mesh = RoleMesh(Role.ROLLOUT, tuple(range(mesh.size)), mesh.dims)
     ctx = mp.get_context("spawn")
     conn, child_conn = ctx.Pipe()
     process = ctx.Process(target=serve, args=(child_conn, env, device.type, tuple(preload), timeout_s, warm),
