@@ -132,13 +132,13 @@ class Workload:
     prompt_length: int
     response_length: int
     mini_batch_size: int  # samples per optimizer step
+    # A registered engine's name (hybridflow.engines): its record's decode terms price generation. No default:
+    # the config's engine (`workload_from_config`) or the caller's choice, never one assumed here.
+    rollout_engine: str
     ppo_epochs: int = 1
     # The rollout copies its weight shard to host memory when it sleeps after generating and back when it
     # wakes before the bridge writes new weights (the engine record's weights_on_host_while_sleeping).
     rollout_offloads_weights: bool = False
-    # A registered engine's name (hybridflow.engines): its record's decode terms price generation. "vllm" is
-    # HybridFlow's setting.
-    rollout_engine: str = "vllm"
     # 1: the rollout generates batch k+1 on its own GPUs while the other roles consume batch k.
     rollout_lag: int = 0
 

@@ -168,4 +168,4 @@ def test_a_rollout_alone_takes_only_generation_layouts():
 def test_a_lag_1_workload_needs_a_rollout_role():
     m = LLAMA_SHAPES["7b"]
     with pytest.raises(ValueError, match="rollout_lag=1 needs a generation-only 'rollout' role"):
-        Workload(ppo_roles(m, None, None), 64, 1, 256, 256, 64, rollout_lag=1)
+        Workload(ppo_roles(m, None, None), 64, 1, 256, 256, 64, rollout_engine="vllm", rollout_lag=1)

@@ -17,7 +17,8 @@ DEVICE = DeviceSpec.from_cluster(ClusterConfig(nodes=4, gpus_per_node=8, gpu_typ
 
 def workload(size="7b"):
     m = LLAMA_SHAPES[size]
-    return Workload(ppo_roles(m, replace(m, head="value"), replace(m, head="reward")), 256, 1, 1024, 1024, 64)
+    return Workload(ppo_roles(m, replace(m, head="value"), replace(m, head="reward")), 256, 1, 1024, 1024, 64,
+                    rollout_engine="vllm")
 
 
 def simple_memory(wl, per_param_trained=16.0, per_param_frozen=2.0):
