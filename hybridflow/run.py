@@ -23,8 +23,8 @@ def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = config_parser("python -m hybridflow.run", __doc__)
     parser.add_argument("--plan-only", action="store_true",
-                        help="plan, check and write <trainer.output_dir>/plan.json for ranks that srun or torchrun "
-                             "start, then exit")
+                        help="plan, check and write the plan (<trainer.output_dir>/plan.json, or --plan FILE) for "
+                             "the ranks that srun or torchrun start, then exit")
     parser.add_argument("--plan", metavar="FILE",
                         help="with --plan-only: where to write the plan (default <trainer.output_dir>/plan.json); "
                              "without: run the plan FILE holds, config included (what each rank srun or torchrun "
