@@ -228,7 +228,7 @@ def run_hybridflow(model_dir: Path, batch: dict, args) -> dict:
     from hybridflow.algorithms import build_algorithm, build_kl_controller
     from hybridflow.config import load_experiment
     from hybridflow.data.step_batch import StepBatch
-    from hybridflow.placement import RoleMesh
+    from hybridflow.placement import ParallelDims, RoleMesh
     from hybridflow.roles.model_role import build_model_role
     from hybridflow.token_kinds import TokenKind, prompt_kinds
     from hybridflow.trainer.build import optimizer_settings
@@ -244,7 +244,7 @@ def run_hybridflow(model_dir: Path, batch: dict, args) -> dict:
         f"rollout.n_samples_per_prompt={args.group}", f"data.train_batch_size={args.prompts}",
         f"trainer.lr={args.lr}", f"algorithm.kl_coef={args.kl_coef}"])
     groups = build_role_groups([0], tp=1, pp=1, dp=1)
-    mesh = RoleMesh("actor", (0,), 1, 1, 1)
+    mesh = RoleMesh("actor", (0,), ParallelDims(1, 1, 1))
     actor = build_model_role("actor", mesh, groups, str(model_dir), "lm", torch.float32, args.micro_batch,
                              optimizer=optimizer_settings(cfg, "actor", 0), seed=0)
     alg = cfg.algorithm

@@ -45,7 +45,7 @@ from hybridflow.algorithms import build_algorithm, build_kl_controller  # noqa: 
 from hybridflow.config import ExperimentConfig  # noqa: E402
 from hybridflow.config.parallel import RoleConfig  # noqa: E402
 from hybridflow.data.step_batch import StepBatch  # noqa: E402
-from hybridflow.placement import RoleMesh  # noqa: E402
+from hybridflow.placement import ParallelDims, RoleMesh  # noqa: E402
 from hybridflow.roles.model_role import ModelRole, OptimizerSettings, build_model_role, per_token_logprobs  # noqa: E402
 from hybridflow.token_kinds import TokenKind  # noqa: E402
 from hybridflow.trainer.rl_trainer import RLTrainer  # noqa: E402
@@ -271,7 +271,7 @@ def main(argv=None) -> dict:
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype or ("bf16" if on_gpu else "fp32")]
     shape = SHAPES[args.shape]
     groups = build_role_groups([0], tp=1, pp=1, dp=1)
-    mesh = RoleMesh("actor", (0,), 1, 1, 1)
+    mesh = RoleMesh("actor", (0,), ParallelDims(1, 1, 1))
     with tempfile.TemporaryDirectory() as tmp:
         save_random_checkpoint(shape, args.seq, Path(tmp), dtype)
         actor = build_model_role("actor", mesh, groups, tmp, "lm", dtype, 1,

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.actor_mfu import init_single_process  # noqa: E402
 from hybridflow.data.packing import as_rows  # noqa: E402
 from hybridflow.errors import UserError, cli_errors  # noqa: E402
-from hybridflow.placement import RoleMesh  # noqa: E402
+from hybridflow.placement import ParallelDims, RoleMesh  # noqa: E402
 from hybridflow.roles.model_role import ModelRole, per_token_logprobs, zero_sequence_starts  # noqa: E402
 from megatron_adapters.checkpoint import unwrap  # noqa: E402
 from megatron_adapters.forward_backward import run_forward_backward  # noqa: E402
@@ -186,7 +186,7 @@ def build_role(args, device: torch.device) -> ModelRole:
     if device.type == "cuda":
         model.cuda()
     ddp = wrap_for_training([model], groups, use_distributed_optimizer=False)[0]
-    return ModelRole("actor", RoleMesh("actor", (0,), tp=1, pp=1, dp=1), groups, ddp, args.micro_batch)
+    return ModelRole("actor", RoleMesh("actor", (0,), ParallelDims(1, 1, 1)), groups, ddp, args.micro_batch)
 
 
 def markdown(result: dict) -> str:

@@ -28,7 +28,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hybridflow.config.model import DTYPES, torch_dtype  # noqa: E402
-from hybridflow.placement import RoleMesh  # noqa: E402
+from hybridflow.placement import ParallelDims, RoleMesh  # noqa: E402
 from megatron_adapters.bridge import (  # noqa: E402  (after the repo-root path fix-up)
     TargetFormat,
     WeightBridge,
@@ -88,8 +88,8 @@ def run(args: argparse.Namespace) -> dict:
     shape, dtype = SHAPES[args.shape], torch_dtype(args.dtype)
     ranks = tuple(range(world))
     dp = world // (args.train_tp * args.train_pp)
-    plan = build_reshard_plan(RoleMesh("actor", ranks, args.train_tp, args.train_pp, dp),
-                              RoleMesh("rollout", ranks, args.gen_tp, 1, world // args.gen_tp))
+    plan = build_reshard_plan(RoleMesh("actor", ranks, ParallelDims(args.train_tp, args.train_pp, dp)),
+                              RoleMesh("rollout", ranks, ParallelDims(args.gen_tp, 1, world // args.gen_tp)))
     target = TargetFormat.VLLM if args.target == "vllm" else TargetFormat.MEGATRON
     bridge = WeightBridge(plan, shape, target, dtype=dtype, bucket_bytes=args.bucket_mb << 20, device=device)
     rank = dist.get_rank()

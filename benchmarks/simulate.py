@@ -16,21 +16,22 @@ from hybridflow.errors import UserError
 from hybridflow.placement import plan_placement
 from hybridflow.placement.auto import search_config
 from hybridflow.placement.auto.explain import describe_sets
-from hybridflow.placement.auto.workload import LLAMA_SHAPES
 
 SIZES = ("7b", "13b", "34b", "70b")
 GPU_COUNTS = (16, 32, 64, 128)
 # 200 Gbps per machine between machines = 25 GB/s per machine, shared by its 8 GPUs.
 INTER_NODE_GBPS_PER_GPU = 25 / 8
+# Llama 2 (7B, 13B, 70B) and Code Llama 34B: (hidden, intermediate, layers, heads, kv heads); vocabulary 32000.
+LLAMA_SHAPES = {"7b": (4096, 11008, 32, 32, 32), "13b": (5120, 13824, 40, 40, 40), "34b": (8192, 22016, 48, 64, 8),
+                "70b": (8192, 28672, 80, 64, 8)}
 
 
 def hybridflow_setup(size: str, gpus: int) -> ExperimentConfig:
     """One of the paper's setups as an auto-placed ExperimentConfig."""
-    shape = LLAMA_SHAPES[size]
+    hidden, intermediate, layers, heads, kv_heads = LLAMA_SHAPES[size]
     cfg = ExperimentConfig(name=f"hybridflow_{size}_{gpus}gpu")
-    cfg.model = ModelConfig(hidden_size=shape.hidden_size, intermediate_size=shape.intermediate_size,
-                            num_hidden_layers=shape.num_layers, num_attention_heads=shape.num_heads,
-                            num_key_value_heads=shape.num_kv_heads, vocab_size=shape.vocab_size,
+    cfg.model = ModelConfig(hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
+                            num_attention_heads=heads, num_key_value_heads=kv_heads, vocab_size=32000,
                             max_position_embeddings=4096)
     cfg.cluster = ClusterConfig(nodes=gpus // 8, gpus_per_node=8, gpu_type="A100",
                                 inter_node_gbps=INTER_NODE_GBPS_PER_GPU)

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.provenance import provenance  # noqa: E402
 from hybridflow.families import family_for_architecture  # noqa: E402
-from hybridflow.placement import RoleMesh  # noqa: E402
+from hybridflow.placement import ParallelDims, RoleMesh  # noqa: E402
 from hybridflow.rollout.base import RolloutBatch, SamplingParams  # noqa: E402
 from hybridflow.rollout.vllm_engine import VllmEngineSpec, VllmRolloutEngine, request_seed, sampling_kwargs  # noqa: E402
 
@@ -88,7 +88,7 @@ def main(argv=None) -> dict:
     spec = VllmEngineSpec(str(write_config(args.model, out)), tp=1, gpu_memory_utilization=0.3,
                           engine_args={"max_num_seqs": max(args.batch, 1), "max_model_len": width})
     start = time.perf_counter()
-    engine = VllmRolloutEngine.create(spec, RoleMesh("rollout", (0,), 1, 1, 1))
+    engine = VllmRolloutEngine.create(spec, RoleMesh("rollout", (0,), ParallelDims(1, 1, 1)))
     start_s = time.perf_counter() - start
 
     gen = torch.Generator().manual_seed(0)

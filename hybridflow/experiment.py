@@ -9,8 +9,8 @@
     result = exp.run()                                                       # the same launcher as `run`
     result.run_dir, result.metrics
 
-The rank processes compose the experiment again (they are new processes): the API hands them the experiment
-(its name or file), its overrides and every change made in Python as one more override.
+The rank processes read the resolved config from plan.json; changes made in Python are checked first by
+composing the experiment (its name or file) again with them as overrides, so what runs is what `run` would compose.
 """
 
 from __future__ import annotations
@@ -80,11 +80,12 @@ class Experiment:
         self.resolved_overrides()
         return plan_report(self.config)
 
-    def run(self, plan_only: bool = False) -> RunResult:
+    def run(self, plan_only: bool = False, plan_file: Path | None = None) -> RunResult:
         """Plan, check and train with the same launcher as `python -m hybridflow.run` (one local process per
-        planned rank, or this rank under torchrun/srun); returns when the run ends."""
+        planned rank); returns when the run ends. `plan_only`: write the plan (to `plan_file`, default
+        <trainer.output_dir>/plan.json) for ranks that srun or torchrun start, and return."""
         self.resolved_overrides()  # Python's changes checked and folded into `config`, as plan() does
-        return launch_run(self.config, plan_only=plan_only)
+        return launch_run(self.config, plan_only=plan_only, plan_file=plan_file)
 
     def command(self) -> list[str]:
         """The `python -m hybridflow.run` arguments that run `config` as it is now."""

@@ -11,6 +11,7 @@ from hybridflow.engines import AUTO, DEFAULT_ENGINE, engine_names
 from hybridflow.tools import environment_names
 
 SEED_MODES = ("per_batch", "per_request")
+SLEEP_LEVELS = (1, 2)
 
 
 @dataclass
@@ -34,7 +35,7 @@ class RolloutConfig:
     # keys, types and ranges it accepts and checks them when the experiment is loaded.
     engine_args: dict[str, Any] = field(default_factory=dict)
     # vLLM sleep between generations: 1 frees the KV cache and offloads weights, 2 also drops the weights.
-    sleep_level: int = bounded(1, choices=(1, 2))
+    sleep_level: int = bounded(1, choices=SLEEP_LEVELS)
     dtype: str | None = bounded(None, choices=DTYPES)  # None = model.dtype
     # vLLM only. per_batch: requests carry no seed; vLLM samples from its engine-wide generator, seeded once per
     # engine at start (trainer.seed + the engine's DP rank): the fast path, but a resumed run does not repeat

@@ -17,6 +17,7 @@ from hybridflow.config import ExperimentConfig
 from hybridflow.data.tasks import BUILTIN_ALPHABET, is_builtin
 from hybridflow.data.tokenizer import DEFAULT_ALPHABET, char_tokenizer, load_tokenizer
 from hybridflow.errors import UserError
+from hybridflow.families import HF_CONFIG_FILE, read_hf_config
 
 
 def char_alphabet(source: str) -> str:
@@ -49,12 +50,13 @@ def run_tokenizer(cfg: ExperimentConfig) -> PreTrainedTokenizerBase:
 def checkpoint_eos_ids(model_dir: str | Path) -> tuple[int, ...]:
     """`eos_token_id` of the checkpoint's generation_config.json (an int or a list), else of its config.json:
     the ids HF `generate` stops on."""
-    for name in ("generation_config.json", "config.json"):
-        path = Path(model_dir) / name
+    generation = Path(model_dir) / "generation_config.json"
+    for path, read in ((generation, lambda: json.loads(generation.read_text())),
+                       (Path(model_dir) / HF_CONFIG_FILE, lambda: read_hf_config(model_dir))):
         if not path.is_file():
             continue
         try:
-            value = json.loads(path.read_text()).get("eos_token_id")
+            value = read().get("eos_token_id")
         except json.JSONDecodeError as err:
             raise UserError(f"model.path: {path} is not valid JSON ({err.msg}); fix or remove it") from None
         if value is not None:

@@ -15,6 +15,15 @@ VLLM_VERSIONS = ">=0.20,<0.35"
 # Host memory of one engine process (Python, torch, vLLM, the CUDA runtime's host state): a round figure,
 # not measured here.
 VLLM_ENGINE_PROCESS_GIB = 4.0
+# vLLM's decode step beyond the HBM stream and the per-layer launch term: a fixed host time per step (V1
+# scheduler, sampling, detokenisation, the round trip to the engine process). Fitted 2026-12-04 to the two
+# colocated vLLM runs of ppo_llama_1b_h200 on one H200 (64 prompts x 1, 1024 new tokens, TP 1;
+# benchmarks/results/vllm_h200_20261204/ and vllm_engine_process_h200_20261204/: generation + sync 5.91 and
+# 6.25 s, mean 6.08 s, where the model without it predicted 1.74 s) over their 1024 decode steps:
+# (6.08 - 1.74) / 1024 = 4.24 ms. One shape only; other GPU types get it as an assumption.
+VLLM_DECODE = {"vllm_decode_step_overhead_s": 4.24e-3}
+VLLM_DECODE_SOURCE = ("fitted 2026-12-04 to ppo_llama_1b_h200 with rollout=vllm on one H200, two runs "
+                      "(benchmarks/results/vllm_h200_20261204/, vllm_engine_process_h200_20261204/)")
 
 
 @dataclass(frozen=True)
@@ -54,7 +63,7 @@ class VllmEngine:
 
     def decode_terms(self, eff: Any, rows: int, hidden_size: int) -> DecodeTerms:
         """CUDA graphs with an assumed launch term per layer, plus the fitted host time per step (scheduler,
-        sampling, the round trip to the engine process: device.py VLLM_DECODE)."""
+        sampling, the round trip to the engine process: VLLM_DECODE)."""
         return DecodeTerms(hbm_efficiency=eff.hbm_efficiency, layer_launch_s=eff.decode_layer_overhead_s,
                            step_host_s=eff.vllm_decode_step_overhead_s)
 

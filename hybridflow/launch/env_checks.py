@@ -20,6 +20,7 @@ from packaging.version import Version
 
 from hybridflow.engines import engine_names, get_engine
 from hybridflow.launch.ports import free_port, port_is_free
+from hybridflow.units import GIB
 
 MIN_PYTHON = (3, 12)
 MIN_TORCH = "2.6"
@@ -135,7 +136,7 @@ def check_gpus(needs: Needs, names: list[str]) -> list[Finding]:
         findings.append(Finding("gpu type", names[0], "warn", f"cluster.gpu_type={needs.gpu_type} (memory and "
                                 "cost estimates use its figures)", "set cluster.gpu_type to this GPU's type"))
     if needs.gpu_memory_gib:
-        have = min(torch.cuda.get_device_properties(i).total_memory for i in range(len(names))) / 2**30
+        have = min(torch.cuda.get_device_properties(i).total_memory for i in range(len(names))) / GIB
         if have < needs.gpu_memory_gib * 0.95:
             findings.append(Finding("gpu memory", f"{have:.0f} GiB", "fail",
                                     f"cluster.gpu_memory_gib={needs.gpu_memory_gib:g} per GPU",

@@ -97,12 +97,12 @@ def _launch_lines(slurm: SlurmConfig, layout: SbatchLayout, command: str) -> lis
             '    --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" \\',
             '    --rdzv-id="$SLURM_JOB_ID" --max-restarts=0 \\',
             '    --log-dir="$LOG_DIR" --redirects=3 --tee=3 \\',
-            f'    {command} "$@"',
+            f'    {command}',
         ]
     return [
         "# One task per rank: block distribution puts ranks [i*G, (i+1)*G) on node i, as the plan does.",
         f'srun --ntasks-per-node={layout.gpus_per_node} --distribution=block --kill-on-bad-exit=1 --label \\',
-        f'  "$PYTHON" -u {command} "$@"',
+        f'  "$PYTHON" -u {command}',
     ]
 
 
@@ -129,11 +129,14 @@ def render_sbatch(layout: SbatchLayout, slurm: SlurmConfig, *, job_name: str, co
     # Setup first: it may load modules, activate an environment or export PYTHON / HYBRIDFLOW_LOG_DIR.
     lines += [*slurm.setup, f'PYTHON="${{PYTHON:-{python}}}"',
               'LOG_DIR="${HYBRIDFLOW_LOG_DIR:-runs/slurm-$SLURM_JOB_ID}"', ""]
+    rank_command = f'{command} "$@"'
     if command.split()[:2] == ["-m", "hybridflow.run"]:
-        lines += ["# Plan once, here: every rank loads <trainer.output_dir>/plan.json (shared by all nodes) instead",
-                  "# of planning again, and refuses a missing one or one written for other overrides.",
-                  f'"$PYTHON" -u {command} --plan-only "$@"', ""]
-    lines += _launch_lines(slurm, layout, command)
+        lines += ["# Resolve and plan once, here, into $PLAN_FILE (on a filesystem every node sees): each rank reads",
+                  "# the config and the plan from it and composes, converts and plans nothing itself.",
+                  'PLAN_FILE="${HYBRIDFLOW_PLAN_FILE:-$LOG_DIR/plan.json}"',
+                  f'"$PYTHON" -u {command} --plan-only --plan "$PLAN_FILE" "$@"', ""]
+        rank_command = '-m hybridflow.run --plan "$PLAN_FILE"'
+    lines += _launch_lines(slurm, layout, rank_command)
     return "\n".join(lines) + "\n"
 
 

@@ -23,7 +23,7 @@ generation replica ``i // TP_g``.
 from __future__ import annotations
 
 from hybridflow.errors import UserError
-from hybridflow.placement.mesh import RoleMesh
+from hybridflow.placement.mesh import ParallelDims, RoleMesh
 from hybridflow.role_records import Role
 
 
@@ -74,4 +74,4 @@ def generation_mesh(actor: RoleMesh, rollout: RoleMesh) -> RoleMesh:
     except ValueError as err:
         raise UserError(str(err)) from None
     order = tuple(sorted(coords, key=lambda rank: coords[rank][::-1]))  # by (dp_rank, tp_rank)
-    return RoleMesh(Role.ROLLOUT, order, rollout.tp, 1, len(order) // rollout.tp)
+    return RoleMesh(Role.ROLLOUT, order, ParallelDims(rollout.tp, 1, len(order) // rollout.tp))

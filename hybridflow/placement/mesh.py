@@ -15,7 +15,7 @@ DIM_NAMES = ("tp", "dp", "pp")
 class ParallelDims:
     """A role's layout: tensor-, pipeline- and data-parallel degrees, each a positive integer (checked here,
     once, so every holder can trust them). The auto planner's `Strategy` is one with a generation TP added;
-    `RoleMesh` checks its degrees through this type and hands them out as `dims`."""
+    a `RoleMesh` holds one as `dims`."""
 
     tp: int
     pp: int
@@ -44,17 +44,25 @@ class RoleMesh:
 
     role: str
     ranks: tuple[int, ...]
-    tp: int
-    pp: int
-    dp: int
+    dims: ParallelDims  # its degrees, checked when they were made
 
     def __post_init__(self) -> None:
-        if len(self.ranks) != self.dims.size:  # `dims` checks the degrees themselves
+        if not isinstance(self.dims, ParallelDims):
+            raise TypeError(f"{self.role}: dims is a {type(self.dims).__name__}, not ParallelDims")
+        if len(self.ranks) != self.dims.size:
             raise ValueError(f"{self.role}: {len(self.ranks)} ranks != tp*pp*dp = {self.dims.size}")
 
     @property
-    def dims(self) -> ParallelDims:
-        return ParallelDims(self.tp, self.pp, self.dp)
+    def tp(self) -> int:
+        return self.dims.tp
+
+    @property
+    def pp(self) -> int:
+        return self.dims.pp
+
+    @property
+    def dp(self) -> int:
+        return self.dims.dp
 
     @property
     def size(self) -> int:
@@ -98,4 +106,4 @@ class RoleMesh:
     @classmethod
     def from_json(cls, role: str, data: dict) -> RoleMesh:
         """The mesh `to_json` wrote (its groups are derived from ranks and sizes, so they are not read)."""
-        return cls(role, tuple(data["ranks"]), data["tp"], data["pp"], data["dp"])
+        return cls(role, tuple(data["ranks"]), ParallelDims(data["tp"], data["pp"], data["dp"]))

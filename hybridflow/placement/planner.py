@@ -195,7 +195,7 @@ def build_plan(
             d = role_dims(cfg, role, len(role_rank_list))
         check_layout_fits_model(cfg, role, d)
         check_batch_sizes(cfg, role, d)
-        mesh = RoleMesh(role=role, ranks=role_rank_list, tp=d.tp, pp=d.pp, dp=d.dp)
+        mesh = RoleMesh(role=role, ranks=role_rank_list, dims=ParallelDims(d.tp, d.pp, d.dp))
         if role == Role.ROLLOUT and Role.ACTOR in meshes:  # role order: the actor's mesh exists by now
             mesh = generation_mesh(meshes[Role.ACTOR], mesh)  # the order the run builds its TP groups in
         check_tp_groups_local(mesh, gpus, cfg)

@@ -192,7 +192,7 @@ def spawn_engine_process(mesh: RoleMesh, device: torch.device, preload: tuple[st
     env.update(RANK=str(mesh.ranks.index(rank)), WORLD_SIZE=str(mesh.size), MASTER_PORT=str(port),
                LOCAL_RANK=str(device.index or 0) if device.type == "cuda" else "0",
                MASTER_ADDR="127.0.0.1" if host == socket.gethostname() else host)
-    engine_mesh = RoleMesh(Role.ROLLOUT, tuple(range(mesh.size)), tp=mesh.tp, pp=mesh.pp, dp=mesh.dp)
+    engine_mesh = RoleMesh(Role.ROLLOUT, tuple(range(mesh.size)), mesh.dims)
     ctx = mp.get_context("spawn")
     conn, child_conn = ctx.Pipe()
     process = ctx.Process(target=serve, args=(child_conn, env, device.type, tuple(preload), timeout_s, warm),
@@ -231,13 +231,6 @@ def build_hosted_engine(spawned: EngineProcess | None, build: EngineBuilder, arg
           f"models ({done - spawned.spawned_at:.0f} s since spawn: {start_times(took)})",
           file=sys.stderr, flush=True)
     return engine
-
-
-def start_hosted_engine(build: EngineBuilder, args: tuple, mesh: RoleMesh, bucket_shapes, dtype: torch.dtype,
-                        device: torch.device, timeout_s: float = 1800.0) -> HostedEngine | None:
-    """Spawn this rank's engine process and build its engine at once (no model build to overlap with)."""
-    return build_hosted_engine(spawn_engine_process(mesh, device, timeout_s=timeout_s), build, args,
-                               bucket_shapes, dtype)
 
 
 def start_times(took: Mapping[str, float]) -> str:

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from hybridflow.config.model import DTYPES
+from hybridflow.config.rollout import SEED_MODES, SLEEP_LEVELS, RolloutConfig
 from hybridflow.engines.vllm_args import check_engine_args
 from hybridflow.errors import UserError
 from hybridflow.placement import RoleMesh
@@ -50,7 +51,8 @@ PER_BATCH_NOTE = ("rollout: seed_mode=per_batch: vLLM samples from one generator
 
 @dataclass(frozen=True)
 class VllmEngineSpec:
-    """What one rollout engine is built from; fields mirror RolloutConfig plus the rollout mesh's TP.
+    """What one rollout engine is built from; fields mirror RolloutConfig (its defaults too) plus the rollout
+    mesh's TP.
 
     model_path: a local HF model directory (its config.json shapes the engine; weights come from the bridge).
     sleep_level: 1 frees the KV cache and offloads weights to CPU, 2 also discards the weights (cheaper when
@@ -62,10 +64,10 @@ class VllmEngineSpec:
     model_path: str
     tp: int
     dtype: str = "bf16"
-    gpu_memory_utilization: float = 0.5
-    sleep_level: int = 1
+    gpu_memory_utilization: float = RolloutConfig.gpu_memory_utilization
+    sleep_level: int = RolloutConfig.sleep_level
     seed: int = 0
-    seed_mode: str = "per_batch"
+    seed_mode: str = RolloutConfig.seed_mode
     engine_args: Mapping[str, Any] = field(default_factory=dict)
     lora_rank: int = 0  # the actor's adapters' rank when vLLM applies them itself (roles.actor.lora.sync=adapters)
 
@@ -82,10 +84,10 @@ def engine_kwargs(spec: VllmEngineSpec, known_args: Iterable[str] | None = None,
     user.pop("gpu_memory_utilization", None)
     if spec.dtype not in DTYPES:
         raise UserError(f"rollout.dtype: {spec.dtype!r} is not one of {sorted(DTYPES)}")
-    if spec.sleep_level not in (1, 2):
-        raise UserError(f"rollout.sleep_level: {spec.sleep_level} is not 1 or 2")
-    if spec.seed_mode not in ("per_batch", "per_request"):
-        raise UserError(f"rollout.seed_mode: {spec.seed_mode!r} is not per_batch or per_request")
+    if spec.sleep_level not in SLEEP_LEVELS:
+        raise UserError(f"rollout.sleep_level: {spec.sleep_level} is not one of {SLEEP_LEVELS}")
+    if spec.seed_mode not in SEED_MODES:
+        raise UserError(f"rollout.seed_mode: {spec.seed_mode!r} is not one of {SEED_MODES}")
     lora = {}
     if spec.lora_rank:  # vLLM applies the actor's adapters itself (`VllmRolloutEngine.load_adapter`)
         lora = {"enable_lora": True, "max_lora_rank": vllm_lora_rank(spec.lora_rank), "max_loras": 1}

@@ -97,11 +97,9 @@ def train(cfg: ExperimentConfig, plan: Plan) -> dict[str, float]:
     if resume_from is not None:
         state = checkpointing.load(resume_from, trainer.roles)
         loader.load_state_dict(state["loader"])
-        trainer.kl_ctl.load_state_dict(state["kl"])
-        trainer.rollout.step, start = state["rollout_step"], state["step"]
-        trainer.steps_done = start
-        trainer.ready = state.get("ready")  # lag 1: the batch generated before the checkpoint, not yet trained on
-        trainer.rollout.sync(trainer.roles.get(Role.ACTOR))
+        trainer.load_state_dict(state)
+        start = trainer.steps_done
+        trainer.rollout.sync(trainer.roles.get(Role.ACTOR))  # the restored actor's weights
         if cfg.trainer.warmup_sft_steps:
             _resume_reference(trainer, sft_model_dir(resume_from), sft_dir)
         if dist.get_rank() == 0:  # the interrupted run's records past the checkpoint are logged again below
@@ -132,8 +130,7 @@ def train(cfg: ExperimentConfig, plan: Plan) -> dict[str, float]:
         last = step + 1 == cfg.trainer.total_steps
         if (every and (step + 1) % every == 0) or (last and cfg.trainer.save_last):
             checkpointing.save(ckpt_root, step + 1, trainer.roles, {
-                "step": step + 1, "loader": loader.state_dict(), "kl": trainer.kl_ctl.state_dict(),
-                "rollout_step": trainer.rollout.step, "ready": trainer.ready}, fingerprint(cfg, plan))
+                "loader": loader.state_dict(), **trainer.state_dict()}, fingerprint(cfg, plan))
     if Role.ACTOR in trainer.roles:
         trainer.roles[Role.ACTOR].save_hf(work_dir / "final_hf", built.hf_dir)  # merged, with LoRA adapters
         trainer.roles[Role.ACTOR].save_adapter(work_dir / "final_adapter", built.hf_dir)  # PEFT's format, if any

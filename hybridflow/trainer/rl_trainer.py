@@ -14,23 +14,10 @@ scores (a world collective) are shared where first read, after the ref / value /
 (`land_scores`), so a reward model on its own GPUs scores meanwhile; ranks outside the training group join
 that share after skipping `consume`. With a batch filter the scores decide the batch: shared at once.
 
-`trainer.rollout_lag=1` (one-step-off; the rollout on GPUs the actor does not hold, checked at plan time).
-Batch k was generated and landed during step k-1 (`ready`). Step k, on every rank in this order:
-  1. `generate_local` of batch k+1 with w_{k-1}, the weights the rollout got at the end of step k-1 (a no-op
-     off the rollout; no collective with any rank outside it, so it cannot block on the training ranks);
-  2. consume batch k on the training group: the actor recomputes old log-probs at w_{k-1} and updates to w_k
-     while the rollout ranks are still in 1 (the overlap);
-  3. `produce` batch k+1: world broadcasts from the rollout, then scoring. This is the first collective both
-     sides join: the rollout ranks reach it after generating, the training ranks after update k; whoever is
-     first waits (on rank 0 that wait is `time/wait_rollout`, the generation the update did not hide);
-  4. sync w_k into the rollout (actor + rollout ranks): it lands before batch k+2's generation in step k+1.
-Why it cannot deadlock: the collectives of 3, 4 and the metrics gather are issued by every rank in the same
-order, and those of 2 only by training-group members, all in one order (the lag-0 order); no rank waits in a
-collective that another member reaches only after one it is itself waiting in. Asynchronous collectives are
-not needed: the training ranks need nothing of batch k+1 before step k+1, so its broadcasts simply wait
-until after update k. A rank holding the rollout and another non-actor role (say the critic) does 1 and then
-its part of 2: still correct, less overlap. The landed batch is in the checkpoint (hybridflow.trainer.loop):
-the weights that generated it are gone after the update, so a resumed run could not regenerate it.
+`trainer.rollout_lag=1` (one-step-off; the rollout on GPUs the actor does not hold, checked at plan time):
+step k generates batch k+1 with the weights before update k (`generate_local`), consumes batch k (landed in
+step k-1: `ready`), then lands batch k+1 (`produce`) and syncs w_k. docs/rollout_lag.md gives the order of
+every collective and why it cannot deadlock. The landed batch is in the checkpoint (`state_dict`).
 
 The RL step itself (what `consume` runs, and the parity gate) is hybridflow.trainer.rl_step.
 """
@@ -39,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -55,6 +43,7 @@ from hybridflow.token_kinds import observation_share
 from hybridflow.trainer.dynamic_sampling import fill_batch
 from hybridflow.trainer.rl_step import RLStep, StageTimer
 from hybridflow.trainer.scorer import Scorer
+from hybridflow.units import GIB
 
 # Training width is rounded up to this many columns: divisible by any TP degree (sequence parallelism
 # splits the sequence over TP) and a friendly size for the kernels.
@@ -147,6 +136,21 @@ class RLTrainer(RLStep):
             batch, self.sampling_metrics = fill_batch(prompts, generated_and_scored, self.algorithm.group_filter)
         return batch
 
+    # ---- checkpoint state -----------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the trainer beyond the roles' weights: the RL steps trained, the KL
+        controller, the rollout's sampling step, and at lag 1 the batch landed but not yet trained on (the
+        weights that generated it are gone after the update, so a resumed run could not regenerate it)."""
+        return {"step": self.steps_done, "kl": self.kl_ctl.state_dict(), "rollout_step": self.rollout.step,
+                "ready": self.ready}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from `state` (`state_dict` of the run that wrote the checkpoint)."""
+        self.steps_done = state["step"]
+        self.kl_ctl.load_state_dict(state["kl"])
+        self.rollout.step = state["rollout_step"]
+        self.ready = state.get("ready")
+
     # ---- metrics --------------------------------------------------------------------------------
     def _step_metrics(self, batch, metrics, timer) -> dict[str, float]:
         lengths = batch.loss_mask.float().sum(1)  # the tokens the policy wrote
@@ -163,7 +167,7 @@ class RLTrainer(RLStep):
             **{f"time/{k}": v for k, v in timer.seconds.items()},
         }
         if torch.cuda.is_available():
-            out["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
+            out["peak_memory_gib"] = torch.cuda.max_memory_allocated() / GIB
         return out
 
 

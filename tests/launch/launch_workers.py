@@ -127,11 +127,11 @@ def _echo_engine(mesh) -> _EchoEngine:
 def ranks_with_engines(out_dir: str, port: int, timeout_s: int = 60) -> dict:
     """Every rank hosts an engine process (as a vLLM rollout rank does), records both pids, then waits forever:
     only the launcher's death (or the test) ends them."""
-    from hybridflow.placement import RoleMesh
-    from hybridflow.rollout.engine_host import start_hosted_engine
+    from hybridflow.placement import ParallelDims, RoleMesh
+    from tests.rollout.hosted_engine import start_hosted_engine
 
     launcher = init_distributed(DistCfg(master_port=int(port), timeout_s=int(timeout_s)))
-    mesh = RoleMesh("rollout", tuple(range(launcher.world_size)), tp=1, pp=1, dp=launcher.world_size)
+    mesh = RoleMesh("rollout", tuple(range(launcher.world_size)), ParallelDims(1, 1, launcher.world_size))
     engine = start_hosted_engine(_echo_engine, (), mesh, [], torch.float32, torch.device("cpu"), int(timeout_s))
     info = _record(out_dir, launcher, engine_pid=engine.process.pid)
     time.sleep(3600)

@@ -45,8 +45,10 @@ def test_one_node_torchrun_script(tmp_path):
         assert expected in opts
     assert "--nproc-per-node=8" in text and "--rdzv-backend=c10d" in text
     assert 'srun --ntasks-per-node=1 --kill-on-bad-exit=1' in text
-    # The job replays the experiment and its overrides, minus the slurm.* ones.
-    assert "-m hybridflow.run +experiment=ppo_llama3_8b trainer.total_steps=7 \"$@\"" in text
+    # The plan step replays the experiment and its overrides, minus the slurm.* ones; the ranks only read its plan.
+    assert ('-m hybridflow.run +experiment=ppo_llama3_8b trainer.total_steps=7 --plan-only --plan "$PLAN_FILE" '
+            '"$@"') in text
+    assert text.rstrip().endswith('-m hybridflow.run --plan "$PLAN_FILE"')
     assert "slurm.partition" not in text.split("#SBATCH")[-1]
     assert "export CUDA_DEVICE_MAX_CONNECTIONS=1" in text and "NCCL_SOCKET_IFNAME" in text
     assert f'PYTHON="${{PYTHON:-{sys.executable}}}"' in text
@@ -64,7 +66,8 @@ def test_two_node_scripts_torchrun_and_srun(tmp_path):
     assert "--nodes=2" in _sbatch_options(srun) and "--ntasks-per-node=8" in _sbatch_options(srun)
     assert "srun --ntasks-per-node=8 --distribution=block --kill-on-bad-exit=1" in srun
     assert "torch.distributed.run" not in srun
-    assert '"$PYTHON" -u -m hybridflow.run +experiment=ppo_llama3_70b_2node "$@"' in srun
+    assert '"$PYTHON" -u -m hybridflow.run +experiment=ppo_llama3_70b_2node --plan-only --plan "$PLAN_FILE"' in srun
+    assert srun.rstrip().endswith('"$PYTHON" -u -m hybridflow.run --plan "$PLAN_FILE"')
 
 
 def test_cpu_experiment_asks_for_no_gpus(tmp_path):

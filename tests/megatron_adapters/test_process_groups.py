@@ -65,7 +65,7 @@ def test_enumeration_matches_planner_role_mesh(monkeypatch):
         pytest.skip("hybridflow.placement.RoleMesh not available yet")
     monkeypatch.setenv("WORLD_SIZE", "8")
     for ranks, tp, pp, dp in ROLES:
-        mesh = placement.RoleMesh(role="actor", ranks=tuple(ranks), tp=tp, pp=pp, dp=dp)
+        mesh = placement.RoleMesh(role="actor", ranks=tuple(ranks), dims=placement.ParallelDims(tp, pp, dp))
         groups = role_rank_enumeration(ranks, tp=tp, pp=pp, dp=dp)
         for name in ("tp", "dp", "pp"):
             expected = sorted(list(g) for g in getattr(mesh, f"{name}_groups")())

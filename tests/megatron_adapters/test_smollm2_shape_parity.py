@@ -16,7 +16,7 @@ SMOLLM2_SMALL = dict(hidden_size=72, intermediate_size=96, num_hidden_layers=2, 
 
 
 def _rank(path, ids, out_dir):
-    from hybridflow.placement import RoleMesh
+    from hybridflow.placement import ParallelDims, RoleMesh
     from megatron_adapters.bridge import (
         TargetFormat,
         WeightBridge,
@@ -36,7 +36,8 @@ def _rank(path, ids, out_dir):
         report[tp] = logits[..., :SMOLLM2_SMALL["vocab_size"]]
     save_hf_weights(models[3], out_dir, load_hf_config(path))
     # The actor at TP1 x DP3 -> the native rollout layout at TP3 (what a TP3 rollout under a TP1 actor gets).
-    plan = build_reshard_plan(RoleMesh("actor", ranks, 1, 1, 3), RoleMesh("rollout", ranks, 3, 1, 1))
+    plan = build_reshard_plan(RoleMesh("actor", ranks, ParallelDims(1, 1, 3)),
+                              RoleMesh("rollout", ranks, ParallelDims(3, 1, 1)))
     bridge = WeightBridge(plan, model_shape(path), TargetFormat.MEGATRON, dtype=torch.float32)
     bridged, _ = bridge.reshard(training_shards(models[1]))
     own = training_shards(models[3])

@@ -30,8 +30,8 @@ def _predicted(cfg):
 
 def test_choice_flips_with_the_batch_where_the_cost_model_says():
     # One H200, every role on GPU 0. The native engine's decode step costs a fixed 1.6 ms plus a term per
-    # batch row (device.py NATIVE_DECODE); vLLM's a fixed 4.2 ms but streams weights and KV at a higher share
-    # of HBM: small batches favour the native engine, large ones vLLM.
+    # batch row (NATIVE_DECODE, hybridflow/engines/megatron.py); vLLM's a fixed 4.2 ms but streams weights and
+    # KV at a higher share of HBM: small batches favour the native engine, large ones vLLM.
     small = load_experiment("ppo_llama_1b_h200", ["rollout.engine=auto"])
     large = load_experiment("ppo_llama_1b_h200", ["rollout.engine=auto", "data.train_batch_size=256"])
     chosen = []

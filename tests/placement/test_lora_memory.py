@@ -16,7 +16,7 @@ from hybridflow.placement.memory import (
     stage_params,
     stage_trained_params,
 )
-from hybridflow.placement.mesh import RoleMesh
+from hybridflow.placement.mesh import ParallelDims, RoleMesh
 from tests.distributed_harness import run_distributed
 from tests.megatron_adapters.tiny_hf_models import save_tiny_model
 from tests.placement.test_plan_cli import run_plan
@@ -62,7 +62,7 @@ def test_lora_memory_parts():
     # (no sequence parallelism in either: a model with adapters is built without it)
     full = load_experiment("tiny_cpu", ["model.dtype=bf16", "roles.actor.parallel.sequence_parallel=false"])
     lora = load_experiment("tiny_cpu", ["model.dtype=bf16", "roles.actor.lora.rank=8"])
-    dims = RoleMesh("actor", (0, 1, 2, 3), tp=2, pp=1, dp=2)
+    dims = RoleMesh("actor", (0, 1, 2, 3), ParallelDims(2, 1, 2))
     params = stage_params(lora.model, "actor", 2, 1, 0)
     adapters = stage_adapter_params(lora.model, lora.roles.actor, 2, 1)
     assert 0 < adapters < params
@@ -129,7 +129,7 @@ def test_auto_search_puts_the_reference_on_the_actor():
 
 def test_adapted_models_count_activations_without_sequence_parallelism():
     # adapters replace megatron-core's local linears: no Transformer Engine spec, so no sequence parallelism
-    dims = RoleMesh("actor", (0, 1, 2, 3), tp=2, pp=1, dp=2)
+    dims = RoleMesh("actor", (0, 1, 2, 3), ParallelDims(2, 1, 2))
     sp, lora = (load_experiment("tiny_cpu", [*extra, "roles.actor.parallel.sequence_parallel=true"])
                 for extra in ((), ("roles.actor.lora.rank=8",)))
     no_sp = load_experiment("tiny_cpu", ["roles.actor.parallel.sequence_parallel=false"])

@@ -11,7 +11,7 @@ from hybridflow.placement.auto.strategy import Strategy
 
 
 def test_groups_small_example():
-    mesh = RoleMesh("actor", tuple(range(8)), tp=2, pp=2, dp=2)
+    mesh = RoleMesh("actor", tuple(range(8)), ParallelDims(2, 2, 2))
     assert mesh.tp_groups() == [(0, 1), (2, 3), (4, 5), (6, 7)]
     assert mesh.dp_groups() == [(0, 2), (1, 3), (4, 6), (5, 7)]
     assert mesh.pp_groups() == [(0, 4), (1, 5), (2, 6), (3, 7)]
@@ -19,14 +19,14 @@ def test_groups_small_example():
 
 
 def test_groups_follow_the_rank_list():
-    mesh = RoleMesh("critic", (12, 13, 4, 5), tp=2, pp=1, dp=2)
+    mesh = RoleMesh("critic", (12, 13, 4, 5), ParallelDims(2, 1, 2))
     assert mesh.tp_groups() == [(12, 13), (4, 5)]
     assert mesh.dp_groups() == [(12, 4), (13, 5)]
 
 
 def test_size_mismatch_is_rejected():
     with pytest.raises(ValueError):
-        RoleMesh("actor", (0, 1, 2), tp=2, pp=1, dp=2)
+        RoleMesh("actor", (0, 1, 2), ParallelDims(2, 1, 2))
 
 
 @pytest.mark.parametrize("tp, dp, pp", [(2, 2, 2), (4, 1, 2), (1, 4, 2), (2, 3, 1), (8, 2, 1)])
@@ -35,7 +35,7 @@ def test_groups_equal_megatron_hyper_comm_grid(tp, dp, pp, monkeypatch):
     from megatron.core.hyper_comm_grid import HyperCommGrid
 
     grid = HyperCommGrid([tp, dp, pp], ["tp", "dp", "pp"])
-    mesh = RoleMesh("actor", tuple(range(tp * dp * pp)), tp=tp, pp=pp, dp=dp)
+    mesh = RoleMesh("actor", tuple(range(tp * dp * pp)), ParallelDims(tp, pp, dp))
     for dim, groups in (("tp", mesh.tp_groups()), ("dp", mesh.dp_groups()), ("pp", mesh.pp_groups())):
         assert [list(g) for g in groups] == grid._gen_rank_enum([dim]), dim
 
@@ -44,7 +44,7 @@ def test_groups_equal_megatron_hyper_comm_grid(tp, dp, pp, monkeypatch):
 def test_mesh_properties(tp, dp, pp, data):
     n = tp * dp * pp
     ranks = tuple(data.draw(st.permutations(range(n + data.draw(st.integers(0, 3)))))[:n])
-    mesh = RoleMesh("actor", ranks, tp=tp, pp=pp, dp=dp)
+    mesh = RoleMesh("actor", ranks, ParallelDims(tp, pp, dp))
     for groups, size in ((mesh.tp_groups(), tp), (mesh.dp_groups(), dp), (mesh.pp_groups(), pp)):
         assert all(len(g) == size for g in groups)
         assert sorted(r for g in groups for r in g) == sorted(ranks)  # a partition of the role's ranks
@@ -63,12 +63,16 @@ def test_a_layout_of_anything_but_positive_integers_is_refused(degrees):
     with pytest.raises(ValueError, match="is not a positive integer"):
         Strategy(*degrees)
     with pytest.raises(ValueError, match="is not a positive integer"):  # even when the rank count agrees
-        RoleMesh("actor", tuple(range(max(0, int(degrees[0] * degrees[1] * degrees[2])))), *degrees)
+        RoleMesh("actor", tuple(range(max(0, int(degrees[0] * degrees[1] * degrees[2])))), ParallelDims(*degrees))
 
 
 def test_one_layout_type_behind_mesh_and_strategy():
-    mesh = RoleMesh("actor", tuple(range(8)), 2, 2, 2)
-    assert mesh.dims == ParallelDims(2, 2, 2) and mesh.dims.size == mesh.size == 8
+    dims = ParallelDims(2, 1, 4)
+    mesh = RoleMesh("actor", tuple(range(8)), dims)
+    assert mesh.dims is dims and (mesh.tp, mesh.pp, mesh.dp) == (2, 1, 4) and mesh.dims.size == mesh.size == 8
+    assert RoleMesh.from_json("actor", mesh.to_json()) == mesh
+    with pytest.raises(TypeError, match="not ParallelDims"):  # degrees come checked, as one ParallelDims
+        RoleMesh("actor", tuple(range(8)), (2, 1, 4))
     s = Strategy(4, 1, 2, gen_tp=2)
     assert isinstance(s, ParallelDims) and (s.size, s.gpus, s.gen_dp) == (8, 8, 4)
     # the auto search's deterministic order is (tp, pp, dp, gen_tp)

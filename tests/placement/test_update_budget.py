@@ -9,7 +9,7 @@ from hybridflow.config.parallel import micro_batch_split
 from hybridflow.placement import plan_placement
 from hybridflow.placement.auto.from_config import plan_candidate, search_config, search_placement
 from hybridflow.placement.memory import GIB, micro_batch_shape
-from hybridflow.placement.mesh import RoleMesh
+from hybridflow.placement.mesh import ParallelDims, RoleMesh
 from hybridflow.placement.report import format_plan
 from hybridflow.placement.update_budget import UPDATE_BUDGET_CAP, budget_candidates, keeps_pipeline_busy
 from hybridflow.resolve import resolve_experiment
@@ -86,10 +86,10 @@ def test_the_offload_share_is_picked_first_and_the_budget_does_not_raise_it():
 def test_a_pipelined_role_keeps_at_least_pp_micro_batches():
     cfg = _cfg("ppo_llama_1b_h200", "roles.actor.micro_batch_size=1", "algorithm.mini_batch_size=8",
                "data.seq_length=1024", "data.max_prompt_length=512", "rollout.max_new_tokens=512")
-    meshes = {"actor": RoleMesh(role="actor", ranks=(0, 1, 2, 3), tp=1, pp=4, dp=1)}
+    meshes = {"actor": RoleMesh(role="actor", ranks=(0, 1, 2, 3), dims=ParallelDims(1, 4, 1))}
     assert keeps_pipeline_busy(cfg, ("actor",), meshes, 2048)  # 2 rows: 4 micro-batches
     assert not keeps_pipeline_busy(cfg, ("actor",), meshes, 4096)  # 4 rows: 2 < pp
-    flat = {"actor": RoleMesh(role="actor", ranks=(0,), tp=1, pp=1, dp=1)}
+    flat = {"actor": RoleMesh(role="actor", ranks=(0,), dims=ParallelDims(1, 1, 1))}
     assert keeps_pipeline_busy(cfg, ("actor",), flat, 8192)
 
 

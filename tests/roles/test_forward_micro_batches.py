@@ -18,13 +18,13 @@ def test_rows_per_forward_micro_batch_follow_the_budget():
 
 
 def _forward(hf_dir: str, budgets: tuple[int, ...]) -> dict:
-    from hybridflow.placement import RoleMesh
+    from hybridflow.placement import ParallelDims, RoleMesh
     from hybridflow.roles import model_role
     from hybridflow.roles.model_role import build_model_role, per_token_logprobs, per_token_values
     from megatron_adapters.process_groups import build_role_groups
 
     groups = build_role_groups([0], tp=1, pp=1, dp=1)
-    mesh = RoleMesh("actor", (0,), 1, 1, 1)
+    mesh = RoleMesh("actor", (0,), ParallelDims(1, 1, 1))
     ids = torch.randint(3, 200, (ROWS, SEQ), generator=torch.Generator().manual_seed(3))
     counts: list[int] = []
     run = model_role.run_forward_backward

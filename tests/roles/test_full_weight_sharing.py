@@ -26,7 +26,7 @@ def _loss(role):
 def _sync_and_sample(hf_dir: str, layout: str, ids: torch.Tensor) -> dict:
     import torch.distributed as dist
 
-    from hybridflow.placement import RoleMesh
+    from hybridflow.placement import ParallelDims, RoleMesh
     from hybridflow.roles.model_role import OptimizerSettings, build_model_role, per_token_logprobs
     from hybridflow.roles.rollout_role import build_rollout_role
     from hybridflow.rollout.base import EngineSetup, RolloutBatch, SamplingParams
@@ -36,7 +36,8 @@ def _sync_and_sample(hf_dir: str, layout: str, ids: torch.Tensor) -> dict:
     from megatron_adapters.process_groups import build_role_groups
 
     gen_tp = 2 if layout == "shared" else 1
-    actor_mesh, gen_mesh = RoleMesh("actor", (0, 1), 2, 1, 1), RoleMesh("rollout", (0, 1), gen_tp, 1, 2 // gen_tp)
+    actor_mesh = RoleMesh("actor", (0, 1), ParallelDims(2, 1, 1))
+    gen_mesh = RoleMesh("rollout", (0, 1), ParallelDims(gen_tp, 1, 2 // gen_tp))
     actor_groups = build_role_groups([0, 1], tp=2, pp=1, dp=1)
     gen_groups = build_role_groups([0, 1], tp=gen_tp, pp=1, dp=2 // gen_tp)
     actor = build_model_role("actor", actor_mesh, actor_groups, hf_dir, "lm", torch.float32, 2,

@@ -30,7 +30,7 @@ def _adapter_sync(hf_dir: str, layout: str, ids: torch.Tensor) -> dict:
     import torch.distributed as dist
 
     from hybridflow.config.parallel import LoraConfig
-    from hybridflow.placement import RoleMesh
+    from hybridflow.placement import ParallelDims, RoleMesh
     from hybridflow.roles.model_role import (
         OptimizerSettings,
         absent_from_role,
@@ -47,15 +47,18 @@ def _adapter_sync(hf_dir: str, layout: str, ids: torch.Tensor) -> dict:
     rank = dist.get_rank()
     lora = lora_settings(LoraConfig(rank=RANK, alpha=8.0))
     if layout == "colocated":  # actor TP2, rollout TP1 x DP2 on the same two ranks
-        actor_mesh, gen_mesh = RoleMesh("actor", (0, 1), 2, 1, 1), RoleMesh("rollout", (0, 1), 1, 1, 2)
+        actor_mesh = RoleMesh("actor", (0, 1), ParallelDims(2, 1, 1))
+        gen_mesh = RoleMesh("rollout", (0, 1), ParallelDims(1, 1, 2))
         actor_groups = build_role_groups([0, 1], tp=2, pp=1, dp=1)
         gen_groups = build_role_groups([0, 1], tp=1, pp=1, dp=2)
     elif layout == "shared":  # both TP2 on the same two ranks: the engine takes the actor's base tensors
-        actor_mesh, gen_mesh = RoleMesh("actor", (0, 1), 2, 1, 1), RoleMesh("rollout", (0, 1), 2, 1, 1)
+        actor_mesh = RoleMesh("actor", (0, 1), ParallelDims(2, 1, 1))
+        gen_mesh = RoleMesh("rollout", (0, 1), ParallelDims(2, 1, 1))
         actor_groups = build_role_groups([0, 1], tp=2, pp=1, dp=1)
         gen_groups = build_role_groups([0, 1], tp=2, pp=1, dp=1)
     else:  # actor on rank 0, rollout on rank 1
-        actor_mesh, gen_mesh = RoleMesh("actor", (0,), 1, 1, 1), RoleMesh("rollout", (1,), 1, 1, 1)
+        actor_mesh = RoleMesh("actor", (0,), ParallelDims(1, 1, 1))
+        gen_mesh = RoleMesh("rollout", (1,), ParallelDims(1, 1, 1))
         actor_groups, gen_groups = build_role_groups([0], tp=1, pp=1, dp=1), build_role_groups([1], tp=1, pp=1, dp=1)
     actor = None
     if rank in actor_mesh.ranks:

@@ -23,7 +23,7 @@ def _loss(role):
 
 def _lora_role(hf_dir: str, tp: int, ids: torch.Tensor) -> dict:
     from hybridflow.config.parallel import LoraConfig
-    from hybridflow.placement import RoleMesh
+    from hybridflow.placement import ParallelDims, RoleMesh
     from hybridflow.roles.model_role import (
         OptimizerSettings,
         actor_base_role,
@@ -37,7 +37,7 @@ def _lora_role(hf_dir: str, tp: int, ids: torch.Tensor) -> dict:
 
     dp = 2 // tp
     groups = build_role_groups([0, 1], tp=tp, pp=1, dp=dp)
-    mesh = RoleMesh("actor", (0, 1), tp, 1, dp)
+    mesh = RoleMesh("actor", (0, 1), ParallelDims(tp, 1, dp))
     lora = lora_settings(LoraConfig(rank=4, alpha=8.0))
     actor = build_model_role("actor", mesh, groups, hf_dir, "lm", torch.float32, 2,
                              optimizer=OptimizerSettings(lr=1e-2), seed=1, lora=lora)
@@ -98,7 +98,7 @@ def test_lora_role_trains_adapters_only(tmp_path, tp):
 
 def _sync_rank(hf_dir: str, ids: torch.Tensor) -> dict:
     from hybridflow.config.parallel import LoraConfig
-    from hybridflow.placement import RoleMesh
+    from hybridflow.placement import ParallelDims, RoleMesh
     from hybridflow.roles.model_role import OptimizerSettings, build_model_role, lora_settings
     from hybridflow.roles.rollout_role import RolloutRole
     from megatron_adapters.checkpoint import unwrap
@@ -107,7 +107,7 @@ def _sync_rank(hf_dir: str, ids: torch.Tensor) -> dict:
     from megatron_adapters.process_groups import build_role_groups
 
     groups = build_role_groups([0, 1], tp=2, pp=1, dp=1)
-    mesh = RoleMesh("actor", (0, 1), 2, 1, 1)
+    mesh = RoleMesh("actor", (0, 1), ParallelDims(2, 1, 1))
     actor = build_model_role("actor", mesh, groups, hf_dir, "lm", torch.float32, 2,
                              optimizer=OptimizerSettings(lr=1e-2), seed=1, lora=lora_settings(LoraConfig(rank=4)))
     actor.train(actor.micro_batches({"input_ids": ids}), _loss(actor))  # B moves off zero

@@ -33,7 +33,7 @@ def _batch(vocab: int) -> dict[str, torch.Tensor]:
 def _parity(hf_dir: str, tp: int, pp: int, batch: dict[str, torch.Tensor]) -> dict:
     from hybridflow.algorithms import build_algorithm
     from hybridflow.config import ExperimentConfig
-    from hybridflow.placement import RoleMesh
+    from hybridflow.placement import ParallelDims, RoleMesh
     from hybridflow.roles.model_role import (
         OptimizerSettings,
         build_model_role,
@@ -47,7 +47,7 @@ def _parity(hf_dir: str, tp: int, pp: int, batch: dict[str, torch.Tensor]) -> di
     from megatron_adapters.process_groups import build_role_groups
 
     groups = build_role_groups([0, 1], tp=tp, pp=pp, dp=1)
-    mesh = RoleMesh("actor", (0, 1), tp, pp, 1)
+    mesh = RoleMesh("actor", (0, 1), ParallelDims(tp, pp, 1))
     settings = OptimizerSettings(lr=1e-3)
     actor = build_model_role("actor", mesh, groups, hf_dir, "lm", torch.float32, 2, optimizer=settings, seed=1)
     critic = build_model_role("critic", mesh, groups, hf_dir, "value", torch.float32, 2, optimizer=settings, seed=1)

@@ -52,7 +52,7 @@ def _grads_per_recompute(hf_dir: str, ids: torch.Tensor) -> dict:
     import torch.distributed as dist
     from megatron.core import tensor_parallel
 
-    from hybridflow.placement import RoleMesh
+    from hybridflow.placement import ParallelDims, RoleMesh
     from hybridflow.roles.model_role import (
         OptimizerSettings,
         build_model_role,
@@ -72,7 +72,7 @@ def _grads_per_recompute(hf_dir: str, ids: torch.Tensor) -> dict:
     tensor_parallel.checkpoint = counting_checkpoint
     world = dist.get_world_size()
     groups = build_role_groups(list(range(world)), tp=world, pp=1, dp=1)
-    mesh = RoleMesh("actor", tuple(range(world)), world, 1, 1)
+    mesh = RoleMesh("actor", tuple(range(world)), ParallelDims(world, 1, 1))
     out = {}
     for mode in RECOMPUTE_OVERRIDES:
         overrides = role_config_overrides(True, world, mode, sequence_parallel=True)  # SP: off on CPU

@@ -14,12 +14,12 @@ MAX_READS_PER_UPDATE = 2
 
 def _update_reads(hf_dirs: dict[int, str]) -> dict:
     from benchmarks.microbatch_overhead import grpo_trainer, host_syncs, step_batch
-    from hybridflow.placement import RoleMesh
+    from hybridflow.placement import ParallelDims, RoleMesh
     from hybridflow.roles.model_role import OptimizerSettings, build_model_role
     from megatron_adapters.process_groups import build_role_groups
 
     groups = build_role_groups([0], tp=1, pp=1, dp=1)
-    mesh = RoleMesh("actor", (0,), 1, 1, 1)
+    mesh = RoleMesh("actor", (0,), ParallelDims(1, 1, 1))
     batch = step_batch(ROWS, SEQ, PROMPT, 256)
     out = {}
     for layers, hf_dir in hf_dirs.items():

@@ -35,7 +35,7 @@ def test_memory_model_sizes_the_update_as_the_runtime_cuts_it():
 
 
 def _grads(hf_dir: str, ids: torch.Tensor, mask: torch.Tensor, mode: str) -> dict:
-    from hybridflow.placement import RoleMesh
+    from hybridflow.placement import ParallelDims, RoleMesh
     from hybridflow.roles.model_role import OptimizerSettings, build_model_role
     from megatron_adapters.forward_backward import run_forward_backward
     from megatron_adapters.process_groups import build_role_groups
@@ -45,7 +45,8 @@ def _grads(hf_dir: str, ids: torch.Tensor, mask: torch.Tensor, mode: str) -> dic
     for budget in (0, 2 * SEQ):  # micro_batch_size 5 (one micro-batch); 2 rows by tokens: 2, 2, 1
         rows = RoleConfig(micro_batch_size=ROWS if budget == 0 else 1,
                           update_max_tokens=budget).update_micro_batch_size(SEQ)
-        role = build_model_role("actor", RoleMesh("actor", (0,), 1, 1, 1), groups, hf_dir, "lm", torch.float32,
+        mesh = RoleMesh("actor", (0,), ParallelDims(1, 1, 1))
+        role = build_model_role("actor", mesh, groups, hf_dir, "lm", torch.float32,
                                 1, optimizer=OptimizerSettings(lr=1e-3), seed=1, update_micro_batch_size=rows)
         micro = role.micro_batches({"input_ids": ids, "mask": mask})
         scale = loss_agg.micro_batch_scale(len(micro), 1, float(loss_agg.local_count(mask, mode)))

@@ -78,10 +78,11 @@ def _dict_engine(shapes, mesh):
 def _transport_one_rank():
     import torch.distributed as dist
 
-    from hybridflow.placement import RoleMesh
-    from hybridflow.rollout.engine_host import EngineProcessError, start_hosted_engine
+    from hybridflow.placement import ParallelDims, RoleMesh
+    from hybridflow.rollout.engine_host import EngineProcessError
+    from tests.rollout.hosted_engine import start_hosted_engine
 
-    mesh = RoleMesh("rollout", (0,), tp=1, pp=1, dp=1)
+    mesh = RoleMesh("rollout", (0,), ParallelDims(1, 1, 1))
     every = {n: s for b in SHAPES for n, s in b.items()}
     engine = start_hosted_engine(_dict_engine, (every,), mesh, SHAPES, torch.float32, torch.device("cpu"), 60)
     expected = {}
@@ -122,12 +123,12 @@ def _spawned_early(probe: str):
     import functools
     import time
 
-    from hybridflow.placement import RoleMesh
+    from hybridflow.placement import ParallelDims, RoleMesh
     from hybridflow.rollout.engine_host import EngineProcessError, _stop, build_hosted_engine, spawn_engine_process
     from tests.rollout.warm_probe import record_warm
 
     os.environ["PRELOAD_PROBE"] = probe
-    mesh = RoleMesh("rollout", (0,), tp=1, pp=1, dp=1)
+    mesh = RoleMesh("rollout", (0,), ParallelDims(1, 1, 1))
     every = {n: s for b in SHAPES for n, s in b.items()}
     spawned = spawn_engine_process(mesh, torch.device("cpu"), preload=("tests.rollout.preload_probe",),
                                    timeout_s=60, env_defaults={"PRELOAD_DEFAULT": "set", "PRELOAD_PROBE": "lost"},
@@ -182,18 +183,18 @@ def _hosted_vs_in_process(hf_dir: str):
 
     from hybridflow.config.rollout import RolloutConfig
     from hybridflow.data.step_batch import StepBatch
-    from hybridflow.placement import RoleMesh
+    from hybridflow.placement import ParallelDims, RoleMesh
     from hybridflow.roles.rollout_role import RolloutRole, build_rollout_role
     from hybridflow.rollout.base import EngineSetup
-    from hybridflow.rollout.engine_host import start_hosted_engine
     from megatron_adapters.bridge import TargetFormat, WeightBridge, build_reshard_plan
     from megatron_adapters.hf_safetensors import load_hf_weights
     from megatron_adapters.model import build_gpt, model_shape
     from megatron_adapters.process_groups import build_role_groups
+    from tests.rollout.hosted_engine import start_hosted_engine
 
     cpu, fp32 = torch.device("cpu"), torch.float32
-    mesh = RoleMesh("rollout", (1, 2), tp=2, pp=1, dp=1)
-    plan = build_reshard_plan(RoleMesh("actor", (1, 2), 2, 1, 1), RoleMesh("rollout", (1, 2), 2, 1, 1))
+    mesh = RoleMesh("rollout", (1, 2), ParallelDims(2, 1, 1))
+    plan = build_reshard_plan(RoleMesh("actor", (1, 2), ParallelDims(2, 1, 1)), mesh)
     actor_groups = build_role_groups([1, 2], tp=2, pp=1, dp=1)
     rollout_groups = build_role_groups([1, 2], tp=2, pp=1, dp=1)
     actor = None
@@ -251,12 +252,12 @@ def _launched_rank():
     """A rank of `launch_local`: rank 1 alone hosts an engine (the rollout is a subset), then the rank exits."""
     from hybridflow.config import DistributedConfig
     from hybridflow.launch import init_distributed
-    from hybridflow.placement import RoleMesh
-    from hybridflow.rollout.engine_host import start_hosted_engine
+    from hybridflow.placement import ParallelDims, RoleMesh
+    from tests.rollout.hosted_engine import start_hosted_engine
 
     launcher = init_distributed(DistributedConfig(master_port=int(os.environ["MASTER_PORT"])))
     every = {n: s for b in SHAPES for n, s in b.items()}
-    engine = start_hosted_engine(_dict_engine, (every,), RoleMesh("rollout", (1,), 1, 1, 1), SHAPES,
+    engine = start_hosted_engine(_dict_engine, (every,), RoleMesh("rollout", (1,), ParallelDims(1, 1, 1)), SHAPES,
                                  torch.float32, torch.device("cpu"), 60)
     if engine is None:
         return None

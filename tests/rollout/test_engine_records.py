@@ -9,7 +9,7 @@ from packaging.specifiers import SpecifierSet
 from hybridflow.config.rollout import RolloutConfig
 from hybridflow.engines import AUTO, engine_names, get_engine
 from hybridflow.errors import UserError
-from hybridflow.placement import RoleMesh
+from hybridflow.placement import ParallelDims, RoleMesh
 from hybridflow.roles.rollout_role import resolve_builder
 from hybridflow.rollout.base import EngineSetup
 from megatron_adapters.bridge import TargetFormat
@@ -48,7 +48,8 @@ def test_setup_extras_pin_what_the_records_require():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 def test_vllm_builder_refuses_a_machine_without_cuda():
     # the run refuses what the planner refuses on a cpu cluster, before any engine process starts
-    setup = EngineSetup(rollout=RolloutConfig(engine="vllm"), mesh=RoleMesh("rollout", (0,), 1, 1, 1), groups=None,
+    mesh = RoleMesh("rollout", (0,), ParallelDims(1, 1, 1))
+    setup = EngineSetup(rollout=RolloutConfig(engine="vllm"), mesh=mesh, groups=None,
                         hf_dir="unused", dtype=torch.bfloat16, device=torch.device("cpu"), seed=0)
     with pytest.raises(UserError, match=r"^rollout\.engine: vllm runs on CUDA GPUs only and this machine has none"):
         resolve_builder(get_engine("vllm").builder).start(setup)

@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from hybridflow.errors import UserError
-from hybridflow.placement import RoleMesh
+from hybridflow.placement import ParallelDims, RoleMesh
 from hybridflow.rollout.base import RolloutBatch, SamplingParams
 from hybridflow.rollout.engine_host import StagingLayout, WeightLayoutMismatch, check_layout
 from hybridflow.rollout.vllm_engine import (
@@ -487,16 +487,17 @@ def test_gpu_generation_logprobs_and_sleep_wake(tmp_path, single_rank_world):
     tokens equal HF's; sampled-token log-probs match HF; a sleep/sync/wake cycle keeps them."""
     import transformers
 
-    from hybridflow.rollout.engine_host import start_hosted_engine
     from megatron_adapters.bridge import TargetFormat, WeightBridge, build_reshard_plan
     from megatron_adapters.hf_weights import ShardSpec, hf_to_mcore_shard
     from megatron_adapters.model import model_shape, padded_vocab_size
     from tests.megatron_adapters.bridge.bridge_fixtures import hf_reader
+    from tests.rollout.hosted_engine import start_hosted_engine
 
     recorder = load_recorder()
     hf_state = recorder.write_hf_checkpoint(recorder.TINY_MODELS["llama_gqa"], tmp_path)
     shape, cuda = model_shape(str(tmp_path)), torch.device("cuda", 0)
-    plan = build_reshard_plan(RoleMesh("actor", (0,), 1, 1, 1), RoleMesh("rollout", (0,), 1, 1, 1))
+    plan = build_reshard_plan(RoleMesh("actor", (0,), ParallelDims(1, 1, 1)),
+                              RoleMesh("rollout", (0,), ParallelDims(1, 1, 1)))
     bridge = WeightBridge(plan, shape, TargetFormat.VLLM, dtype=torch.float32, bucket_bytes=64 << 10, device=cuda,
                           staged=True)
     spec = ShardSpec(1, 0, padded_vocab_size(shape.vocab_size, 1))
@@ -505,7 +506,8 @@ def test_gpu_generation_logprobs_and_sleep_wake(tmp_path, single_rank_world):
     engine_spec = VllmEngineSpec(str(tmp_path), tp=1, dtype="fp32", gpu_memory_utilization=0.2, sleep_level=2,
                                  seed_mode="per_request",  # the seeded-repeat check below needs request seeds
                                  engine_args={"max_model_len": 64, "max_num_seqs": 8, "enforce_eager": True})
-    engine = start_hosted_engine(VllmRolloutEngine.create, (engine_spec,), RoleMesh("rollout", (0,), 1, 1, 1),
+    engine = start_hosted_engine(VllmRolloutEngine.create, (engine_spec,),
+                                 RoleMesh("rollout", (0,), ParallelDims(1, 1, 1)),
                                  bridge.bucket_shapes(), torch.float32, cuda, 300)
     assert len(bridge.bucket_shapes()) > 1
 

@@ -87,7 +87,7 @@ def _file_sync(hf_dir: str, adapter_dir: str, ids: torch.Tensor) -> dict:
     from safetensors.torch import load_file
 
     from hybridflow.config.parallel import LoraConfig
-    from hybridflow.placement import RoleMesh
+    from hybridflow.placement import ParallelDims, RoleMesh
     from hybridflow.roles.model_role import OptimizerSettings, build_model_role, lora_settings
     from hybridflow.roles.rollout_role import RolloutRole
     from megatron_adapters.bridge import ReshardStats
@@ -97,7 +97,7 @@ def _file_sync(hf_dir: str, adapter_dir: str, ids: torch.Tensor) -> dict:
     from megatron_adapters.peft_export import ADAPTER_WEIGHTS
     from megatron_adapters.process_groups import build_role_groups
 
-    mesh = RoleMesh("actor", (0,), 1, 1, 1)
+    mesh = RoleMesh("actor", (0,), ParallelDims(1, 1, 1))
     actor = build_model_role("actor", mesh, build_role_groups([0], tp=1, pp=1, dp=1), hf_dir, "lm", torch.float32,
                              2, optimizer=OptimizerSettings(lr=1e-2), seed=1, lora=lora_settings(LoraConfig(rank=4)))
     model = unwrap(actor.model)

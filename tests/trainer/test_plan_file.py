@@ -1,5 +1,5 @@
-"""plan.json: the launcher's plan survives JSON exactly, ranks load it instead of planning, and a rank started
-by a launcher refuses a missing or stale file with one line."""
+"""plan.json: the launcher's plan survives JSON exactly; ranks get it as `--plan FILE` and read it instead of
+composing or planning, and a rank started by a launcher without one is refused with one line."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from hybridflow.config import load_experiment
 from hybridflow.config.experiment import with_engine
 from hybridflow.errors import UserError
 from hybridflow.placement import Plan, plan_placement
-from hybridflow.trainer.plan_file import plan_path, read_plan, read_run, write_plan
+from hybridflow.trainer.plan_file import read_run, write_plan
 
 SPLIT = ["placement.resources.actor=[0,1]", "placement.resources.rollout=[0,1]", "placement.resources.ref=[0,1]",
          "placement.resources.critic=[2,3]", "roles.critic.parallel.tp=2"]
@@ -37,23 +37,18 @@ def _cfg(tmp_path, *overrides):
     return load_experiment("tiny_cpu", [f"trainer.output_dir={tmp_path}", *overrides])
 
 
-def test_read_plan_gives_back_what_was_written(tmp_path):
+def test_read_run_gives_back_what_was_written(tmp_path):
     cfg = _cfg(tmp_path)
     plan = plan_placement(cfg)
     assert write_plan(cfg, plan) == tmp_path / "plan.json"
-    assert read_plan(cfg) == plan
+    assert read_run(tmp_path / "plan.json")[1] == plan
+    elsewhere = tmp_path / "job" / "my_plan.json"
+    assert write_plan(cfg, plan, elsewhere) == elsewhere and read_run(elsewhere)[1] == plan
 
 
 def test_missing_plan_is_one_error_naming_the_fix(tmp_path):
-    with pytest.raises(UserError, match=r"^trainer.output_dir: no plan.json in .*; .*--plan-only"):
-        read_plan(_cfg(tmp_path))
-
-
-def test_plan_for_other_overrides_is_refused(tmp_path):
-    cfg = _cfg(tmp_path)
-    write_plan(cfg, plan_placement(cfg))
-    with pytest.raises(UserError, match=r"planned for another config.*--plan-only"):
-        read_plan(_cfg(tmp_path, "trainer.seed=7"))
+    with pytest.raises(UserError, match=r"^--plan: no plan file .*; .*--plan-only"):
+        read_run(tmp_path / "plan.json")
 
 
 def test_rank_builds_from_the_loaded_plan_and_never_plans(tmp_path, monkeypatch):
@@ -140,22 +135,30 @@ def test_rank_under_a_launcher_without_plan_file_exits_2_with_one_line(tmp_path,
         main(["+experiment=tiny_cpu", f"trainer.output_dir={tmp_path}"])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: trainer.output_dir: no plan.json"), err
+    assert len(err) == 1 and err[0].startswith("error: --plan: this process is rank 1 of torchrun"), err
+    assert "--plan-only --plan FILE" in err[0]
 
 
-def test_plan_only_writes_the_plan_a_launched_rank_accepts(tmp_path, monkeypatch, capsys):
+def test_plan_with_overrides_is_refused_in_one_line(tmp_path, capsys):
     from hybridflow.run import main
 
     main(["+experiment=tiny_cpu", f"trainer.output_dir={tmp_path}", "--plan-only"])
-    assert f"wrote {plan_path(_cfg(tmp_path))}" in capsys.readouterr().out
-    assert read_plan(_cfg(tmp_path)) == plan_placement(_cfg(tmp_path))
-    monkeypatch.setenv("RANK", "1")
-    monkeypatch.setenv("WORLD_SIZE", "4")
-    with pytest.raises(SystemExit) as exit_info:  # the srun step got other overrides than the plan step
-        main(["+experiment=tiny_cpu", f"trainer.output_dir={tmp_path}", "trainer.seed=7"])
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--plan", str(tmp_path / "plan.json"), "trainer.seed=7"])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "planned for another config" in err[0], err
+    assert len(err) == 1 and err[0].startswith("error: --plan: ") and "give no overrides" in err[0], err
+
+
+def test_plan_only_writes_the_plan_where_told(tmp_path, capsys):
+    from hybridflow.run import main
+
+    target = tmp_path / "job" / "plan.json"
+    main(["+experiment=tiny_cpu", f"trainer.output_dir={tmp_path / 'out'}", "--plan-only", "--plan", str(target)])
+    assert f"wrote {target}" in capsys.readouterr().out
+    cfg = _cfg(tmp_path / "out")
+    assert read_run(target) == (with_engine(cfg, "megatron"), plan_placement(cfg))
 
 
 @pytest.mark.parametrize("launcher_env", [
@@ -163,28 +166,39 @@ def test_plan_only_writes_the_plan_a_launched_rank_accepts(tmp_path, monkeypatch
     {"SLURM_PROCID": "{rank}", "SLURM_NTASKS": "4", "SLURM_STEP_ID": "0", "SLURM_NODEID": "0",  # srun
      "SLURM_LOCALID": "{rank}", "SLURM_NNODES": "1", "MASTER_ADDR": "127.0.0.1"},
 ])
-def test_launched_ranks_say_one_line_from_rank_0_and_leave_the_data_to_the_plan_step(tmp_path, monkeypatch, capsys,
-                                                                                    launcher_env):
-    import hybridflow.training_run as run_module  # what `python -m hybridflow.run` runs (Experiment.run)
+def test_launched_ranks_read_the_plan_file_compose_nothing_and_say_one_line(tmp_path, monkeypatch, capsys,
+                                                                           launcher_env):
+    import hydra
+
+    import hybridflow.config.load as load_module
+    import hybridflow.resolve as resolve_module
+    import hybridflow.training_run as run_module  # what `python -m hybridflow.run` runs
+    from hybridflow.placement import config_plan
     from hybridflow.run import main
 
-    args = ["+experiment=tiny_cpu", f"trainer.output_dir={tmp_path}"]
-    main([*args, "--plan-only"])
+    plan_file = tmp_path / "job" / "plan.json"
+    main(["+experiment=tiny_cpu", f"trainer.output_dir={tmp_path / 'out'}", "--plan-only", "--plan", str(plan_file)])
     assert capsys.readouterr().out.count("hybridflow run: experiment tiny_cpu") == 1
 
-    def no_preflight(*a, **k):
-        raise AssertionError("a launched rank tokenized the dataset again")
+    def forbidden(*a, **k):
+        raise AssertionError("a launched rank composed, planned or tokenized the dataset again")
 
-    monkeypatch.setattr(run_module, "preflight", no_preflight)
-    monkeypatch.setattr(run_module, "_launch", lambda *a, **k: None)
+    for module, name in [(run_module, "preflight"), (run_module, "plan_placement"), (config_plan, "plan_placement"),
+                         (hydra, "compose"), (load_module, "compose"), (load_module, "load_experiment"),
+                         (resolve_module, "resolve_experiment")]:
+        monkeypatch.setattr(module, name, forbidden)
+    launched = []
+    monkeypatch.setattr(run_module, "_launch", lambda cfg, plan, launcher, path: launched.append((cfg, path)))
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     said = []
     for rank in range(4):
         for key, value in launcher_env.items():
             monkeypatch.setenv(key, value.format(rank=rank))
-        main(args)
+        main(["--plan", str(plan_file)])
         said.append(capsys.readouterr().out)
     kind = "torchrun" if "RANK" in launcher_env else "slurm"
-    assert said[0] == f"hybridflow run: 4 ranks started by {kind}, with {plan_path(_cfg(tmp_path))}\n"
+    assert said[0] == f"hybridflow run: 4 ranks started by {kind}, with {plan_file}\n"
     assert said[1:] == ["", "", ""]  # under srun too, where no RANK variable tells rank 0 apart
+    assert [path for _, path in launched] == [plan_file] * 4
+    assert launched[0][0].trainer.output_dir == str(tmp_path / "out")

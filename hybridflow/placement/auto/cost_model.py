@@ -9,7 +9,7 @@
   The engine's record (hybridflow.engines, `decode_terms`) gives the share of HBM bandwidth the stream reaches,
   a launch term per layer and a host time per step: vLLM streams at `hbm_efficiency` plus an assumed launch
   term per layer; the native engine (graphs of megatron-core forwards, eager sampling) streams at its own rate
-  plus a fixed time per step and a time per batch row and hidden unit, fitted on one H200 (device.py
+  plus a fixed time per step and a time per batch row and hidden unit, fitted on one H200 (engines/megatron.py
   NATIVE_DECODE). When a
   replica's batch does not fit the rollout's KV budget, it runs in waves.
   The bridge (training -> rollout layout, HybridFlow Table 2) and the rollout's sleep/wake weight copies
@@ -19,7 +19,7 @@
   OFFLOAD_LINK_BYTES_PER_PARAM) and torch's CPU Adam over it (`cpu_adam_s_per_param`, fitted to the measured
   ~2 s per update on the 1B H200 run, device.py CPU_ADAM); the GPU Adam runs on the rest only.
 - vLLM's decode step adds a fixed host time (`vllm_decode_step_overhead_s`: scheduling, sampling, the
-  engine process's round trip), fitted to the measured generation of the 1B H200 runs (device.py VLLM_DECODE).
+  engine process's round trip), fitted to the measured generation of the 1B H200 runs (engines/vllm.py VLLM_DECODE).
 - A role with LoRA adapters (`RoleWork.adapter_params`) updates a frozen base: its forward and the
   activation-gradient backward, no weight-gradient GEMMs (2 of full training's 3 forwards' FLOPs) and no fp32
   main-grad traffic, plus the adapters' own 6 FLOPs per adapter weight and token; gradients, the DP sync and Adam

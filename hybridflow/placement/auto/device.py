@@ -5,7 +5,8 @@ datasheet values); the `Efficiency` factors turn peaks into achievable rates. `E
 figure whether it is assumed or measured; `Efficiency.calibrated(...)` / `load_calibration(path)` are the
 hooks that replace a figure with a measured one and record where it came from (e.g. a benchmarks/results/
 file). Measured so far (`MEASURED`, H200 only): HBM streaming, the native rollout's decode step
-(`NATIVE_DECODE`), vLLM's host time per decode step (`VLLM_DECODE`), CPU Adam under optimizer offload
+(`NATIVE_DECODE`) and vLLM's host time per decode step (`VLLM_DECODE`, both fitted figures of their engine's
+record, hybridflow.engines), CPU Adam under optimizer offload
 (`CPU_ADAM`), the per-pass overhead (`PASS_OVERHEAD`), the micro-batch host floors (`MICRO_BATCH_HOST`) and
 training / forward / prefill MFU at the Llama-3-8B shape; every other figure (the communication figures,
 vLLM's per-layer launch term) is an assumption.
@@ -18,6 +19,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from hybridflow.config.cluster import ClusterConfig, resolve_cluster
+from hybridflow.engines.megatron import NATIVE_DECODE, NATIVE_DECODE_SOURCE
+from hybridflow.engines.vllm import VLLM_DECODE, VLLM_DECODE_SOURCE
 from hybridflow.errors import UserError
 from hybridflow.units import GIB
 
@@ -56,29 +59,6 @@ HOST_LINK_BYTES_PER_S: dict[str, float] = {"A100": 32e9, "H100": 64e9, "H200": 6
 
 _ASSUMED = "assumed (not calibrated)"
 
-# The native rollout's decode step (rollout.engine=megatron: CUDA graphs of a megatron-core GPTModel forward,
-# eager fp32 sampling and bookkeeping in between) as fixed seconds + streamed bytes at a share of the HBM
-# datasheet + seconds per batch row and hidden unit (work per row that grows with the model's width). Fitted
-# 2026-12-03 by benchmarks/fit_decode.py to 14 points measured on one H200 (TP 1;
-# benchmarks/results/calibrate_h200_20261203/decode{1b,8b}*.json, two runs): Llama-3.2-1B and Llama-3-8B
-# shapes, prompts 128 and 1024, batches 32-256, 3.3-15.6 ms per step, every point within 9 %; a held-out
-# third shape (Qwen2-7B's dimensions, vocabulary 152k) lands within 9 % too. A per-row term in batch x vocab
-# fitted worse (19 %). Other GPU types get the same figures as an assumption (`MEASURED` marks them measured
-# on H200 only).
-NATIVE_DECODE = {"native_decode_hbm_efficiency": 0.639, "native_decode_step_overhead_s": 1.57e-3,
-                 "native_decode_s_per_row_hidden": 5.09e-9}
-_NATIVE_DECODE_SOURCE = ("fitted 2026-12-03 by benchmarks/fit_decode.py to native decode on one H200 (TP 1), "
-                         "1B and 8B shapes, 14 points within 9 %, a held-out Qwen2-7B shape within 9 % "
-                         "(benchmarks/results/calibrate_h200_20261203/)")
-# vLLM's decode step beyond the HBM stream and the per-layer launch term: a fixed host time per step (V1
-# scheduler, sampling, detokenisation, the round trip to the engine process). Fitted 2026-12-04 to the two
-# colocated vLLM runs of ppo_llama_1b_h200 on one H200 (64 prompts x 1, 1024 new tokens, TP 1;
-# benchmarks/results/vllm_h200_20261204/ and vllm_engine_process_h200_20261204/: generation + sync 5.91 and
-# 6.25 s, mean 6.08 s, where the model without it predicted 1.74 s) over their 1024 decode steps:
-# (6.08 - 1.74) / 1024 = 4.24 ms. One shape only; other GPU types get it as an assumption.
-VLLM_DECODE = {"vllm_decode_step_overhead_s": 4.24e-3}
-_VLLM_DECODE_SOURCE = ("fitted 2026-12-04 to ppo_llama_1b_h200 with rollout=vllm on one H200, two runs "
-                       "(benchmarks/results/vllm_h200_20261204/, vllm_engine_process_h200_20261204/)")
 # torch's CPU Adam in HybridDeviceOptimizer, seconds per parameter per optimizer step, fitted together with the
 # per-pass overhead (PASS_OVERHEAD) by benchmarks/fit_pass_overhead.py: the 1B H200 offload run
 # (benchmarks/results/ppo_llama_1b_h200_offload_20261202/: update_actor 3.74, update_critic 3.02 s; 2 optimizer
@@ -185,8 +165,8 @@ MEASURED: dict[str, list[tuple[str, float, str]]] = {
     "H200": [("hbm_efficiency", 0.85,
               "measured 2026-12-02 on one H200: bf16 [64 x 8192] @ [8192 x 28672] (a decode step's weight "
               "stream) reads 4.08 TB/s of the 4.8 TB/s datasheet (torch 2.11, cuBLAS)"),
-             *[(name, value, _NATIVE_DECODE_SOURCE) for name, value in NATIVE_DECODE.items()],
-             *[(name, value, _VLLM_DECODE_SOURCE) for name, value in VLLM_DECODE.items()],
+             *[(name, value, NATIVE_DECODE_SOURCE) for name, value in NATIVE_DECODE.items()],
+             *[(name, value, VLLM_DECODE_SOURCE) for name, value in VLLM_DECODE.items()],
              *[(name, value, _CPU_ADAM_SOURCE) for name, value in CPU_ADAM.items()],
              *[(name, value, _PASS_OVERHEAD_SOURCE) for name, value in PASS_OVERHEAD.items()],
              *[(name, value, _MICRO_BATCH_HOST_SOURCE) for name, value in MICRO_BATCH_HOST.items()],

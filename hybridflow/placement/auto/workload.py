@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 
 from hybridflow.families import resolved_head_dim
 from hybridflow.placement.param_count import layer_lora_params, layer_matmul_params
-from hybridflow.role_records import Role, Stage, model_roles, role_record
+from hybridflow.role_records import Role, Stage, role_record
 
 # The dataflow of one PPO iteration (hybridflow.role_records.Stage), by the short names the cost model reads.
 GENERATION, PREPARATION, TRAINING = Stage.GENERATION, Stage.PREPARATION, Stage.TRAINING
@@ -153,13 +153,13 @@ class Workload:
     prompt_length: int
     response_length: int
     mini_batch_size: int  # samples per optimizer step
+    # A registered engine's name (hybridflow.engines): its record's decode terms price generation. No default:
+    # the config's engine (`workload_from_config`) or the caller's choice, never one assumed here.
+    rollout_engine: str
     ppo_epochs: int = 1
     # The rollout copies its weight shard to host memory when it sleeps after generating and back when it
     # wakes before the bridge writes new weights (the engine record's weights_on_host_while_sleeping).
     rollout_offloads_weights: bool = False
-    # A registered engine's name (hybridflow.engines): its record's decode terms price generation. "vllm" is
-    # HybridFlow's setting.
-    rollout_engine: str = "vllm"
     # 1: the rollout generates batch k+1 on its own GPUs while the other roles consume batch k.
     rollout_lag: int = 0
 
@@ -186,16 +186,6 @@ class Workload:
         raise KeyError(name)
 
 
-def ppo_roles(actor: ModelCostShape, critic: ModelCostShape | None, reward: ModelCostShape | None,
-              micro_batch_size: int = 1) -> tuple[RoleWork, ...]:
-    """The roles of PPO (critic given) or GRPO (critic None); `reward` None = rule-based reward."""
-    # The actor recomputes the old log-probs with its training layout in preparation (the rollout engine's
-    # own log-probs are not bit-exact with the training forward), as verl and OpenRLHF do.
-    shapes = {Role.ACTOR: actor, Role.CRITIC: critic, Role.REF: actor, Role.REWARD: reward}
-    return tuple(RoleWork(role, shapes[role], role_record(role).stages, micro_batch_size)
-                 for role in model_roles() if shapes[role] is not None)
-
-
 def split_rollout(roles: tuple[RoleWork, ...]) -> tuple[RoleWork, ...]:
     """The roles of a one-step-off run: the actor hands GENERATION to a rollout role of its own model
     (appended last), keeping preparation (old log-probs) and training."""
@@ -210,12 +200,3 @@ def split_rollout(roles: tuple[RoleWork, ...]) -> tuple[RoleWork, ...]:
     if rollout is None:
         raise ValueError("split_rollout: no role generates")
     return (*out, rollout)
-
-
-# Llama 2 (7B, 13B, 70B) and Code Llama 34B shapes, the models of HybridFlow's evaluation.
-LLAMA_SHAPES: dict[str, ModelCostShape] = {
-    "7b": ModelCostShape(4096, 11008, 32, 32, 32, 32000),
-    "13b": ModelCostShape(5120, 13824, 40, 40, 40, 32000),
-    "34b": ModelCostShape(8192, 22016, 48, 64, 8, 32000),
-    "70b": ModelCostShape(8192, 28672, 80, 64, 8, 32000),
-}

@@ -30,7 +30,7 @@ def test_scale_undoes_megatrons_averaging():
 
 
 def _grads(hf_dir: str, ids: torch.Tensor, mask: torch.Tensor, mode: str) -> dict:
-    from hybridflow.placement import RoleMesh
+    from hybridflow.placement import ParallelDims, RoleMesh
     from hybridflow.roles.model_role import OptimizerSettings, build_model_role
     from megatron_adapters.forward_backward import run_forward_backward
     from megatron_adapters.process_groups import build_role_groups
@@ -38,7 +38,8 @@ def _grads(hf_dir: str, ids: torch.Tensor, mask: torch.Tensor, mode: str) -> dic
     groups = build_role_groups([0], tp=1, pp=1, dp=1)
     out = {}
     for micro in (1, 2, 4):
-        role = build_model_role("actor", RoleMesh("actor", (0,), 1, 1, 1), groups, hf_dir, "lm", torch.float32,
+        mesh = RoleMesh("actor", (0,), ParallelDims(1, 1, 1))
+        role = build_model_role("actor", mesh, groups, hf_dir, "lm", torch.float32,
                                 micro, optimizer=OptimizerSettings(lr=1e-3), seed=1)
         micro_batches = role.micro_batches({"input_ids": ids, "mask": mask})
         scale = loss_agg.micro_batch_scale(len(micro_batches), 1, float(loss_agg.local_count(mask, mode)))
@@ -78,7 +79,7 @@ def _dp_grads(hf_dir: str, ids: torch.Tensor, mask: torch.Tensor, lens: torch.Te
     import torch.distributed as dist
 
     from hybridflow.data.packing import as_rows
-    from hybridflow.placement import RoleMesh
+    from hybridflow.placement import ParallelDims, RoleMesh
     from hybridflow.roles.model_role import OptimizerSettings, absent_from_role, build_model_role
     from megatron_adapters.forward_backward import run_forward_backward
     from megatron_adapters.process_groups import build_role_groups
@@ -107,12 +108,12 @@ def _dp_grads(hf_dir: str, ids: torch.Tensor, mask: torch.Tensor, lens: torch.Te
     both, alone = build_role_groups([0, 1], tp=1, pp=1, dp=2), build_role_groups([0], tp=1, pp=1, dp=1)
     rank = dist.get_rank()
     mine = slice(2 * rank, 2 * rank + 2)
-    out = {"dp2": grads(RoleMesh("actor", (0, 1), 1, 1, 2), both, 1, mine),
+    out = {"dp2": grads(RoleMesh("actor", (0, 1), ParallelDims(1, 1, 2)), both, 1, mine),
            # packed: replica 0's rows (12 + 10 tokens) need two micro-batches, replica 1's (3 + 2) one,
            # so replica 1 runs an empty one as well
-           "dp2_packed": grads(RoleMesh("actor", (0, 1), 1, 1, 2), both, 1, mine, budget=12)}
+           "dp2_packed": grads(RoleMesh("actor", (0, 1), ParallelDims(1, 1, 2)), both, 1, mine, budget=12)}
     if alone is not None:
-        out["dp1"] = grads(RoleMesh("actor", (0,), 1, 1, 1), alone, 4, slice(0, 4))
+        out["dp1"] = grads(RoleMesh("actor", (0,), ParallelDims(1, 1, 1)), alone, 4, slice(0, 4))
     else:
         absent_from_role(True)  # megatron's optimizer build gathers over the whole world
     return out

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
 
-from hybridflow.placement import RoleMesh
+from hybridflow.placement import ParallelDims, RoleMesh
 from megatron_adapters.bridge import (
     TargetFormat,
     WeightBridge,
@@ -64,10 +64,12 @@ def _cases():
 def _layouts(tp, pp, tg, placement):
     if placement == "colocated":
         ranks = tuple(range(WORLD))
-        return RoleMesh("actor", ranks, tp, pp, WORLD // (tp * pp)), RoleMesh("rollout", ranks, tg, 1, WORLD // tg)
+        return (RoleMesh("actor", ranks, ParallelDims(tp, pp, WORLD // (tp * pp))),
+                RoleMesh("rollout", ranks, ParallelDims(tg, 1, WORLD // tg)))
     train = tuple(range(tp * pp))
     gen = tuple(range(tp * pp, WORLD))
-    return RoleMesh("actor", train, tp, pp, 1), RoleMesh("rollout", gen, tg, 1, len(gen) // tg)
+    return (RoleMesh("actor", train, ParallelDims(tp, pp, 1)),
+            RoleMesh("rollout", gen, ParallelDims(tg, 1, len(gen) // tg)))
 
 
 def _shards_from_hf(bridge, cfg, state, rank):

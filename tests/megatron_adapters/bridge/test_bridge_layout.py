@@ -100,11 +100,12 @@ def test_plan_copies_splits_at_piece_boundaries():
 
 
 def test_native_target_rejects_replicated_kv_heads():
-    from hybridflow.placement import RoleMesh
+    from hybridflow.placement import ParallelDims, RoleMesh
     from megatron_adapters.bridge import WeightBridge, build_reshard_plan
 
     cfg, _ = tiny_llama_gqa()  # 2 kv heads
-    plan = build_reshard_plan(RoleMesh("actor", (0, 1, 2, 3), 2, 1, 2), RoleMesh("rollout", (0, 1, 2, 3), 4, 1, 1))
+    plan = build_reshard_plan(RoleMesh("actor", (0, 1, 2, 3), ParallelDims(2, 1, 2)),
+                              RoleMesh("rollout", (0, 1, 2, 3), ParallelDims(4, 1, 1)))
     with pytest.raises(ValueError, match="roles.rollout.parallel.tp"):
         WeightBridge(plan, model_shape(cfg), TargetFormat.MEGATRON)
 

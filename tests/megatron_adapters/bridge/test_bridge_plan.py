@@ -2,17 +2,17 @@
 
 import pytest
 
-from hybridflow.placement import RoleMesh
+from hybridflow.placement import ParallelDims, RoleMesh
 from hybridflow.placement.generation import generation_mesh
 from megatron_adapters.bridge import build_reshard_plan, hybridflow_optimal_bytes
 
 
 def _actor(ranks, tp, pp, dp):
-    return RoleMesh("actor", tuple(ranks), tp, pp, dp)
+    return RoleMesh("actor", tuple(ranks), ParallelDims(tp, pp, dp))
 
 
 def _rollout(ranks, tp):
-    return RoleMesh("rollout", tuple(ranks), tp, 1, len(ranks) // tp)
+    return RoleMesh("rollout", tuple(ranks), ParallelDims(tp, 1, len(ranks) // tp))
 
 
 def _plan(tp, pp, tg, n=4):

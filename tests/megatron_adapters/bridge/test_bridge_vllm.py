@@ -12,7 +12,7 @@ import os
 import pytest
 import torch
 
-from hybridflow.placement import RoleMesh
+from hybridflow.placement import ParallelDims, RoleMesh
 from megatron_adapters.bridge import TargetFormat, WeightBridge, build_reshard_plan
 from megatron_adapters.hf_weights import ShardSpec, hf_to_mcore_shard
 from megatron_adapters.model import model_shape, padded_vocab_size
@@ -53,7 +53,8 @@ def test_vllm_holds_the_bridge_output(tmp_path, kind):
     if not dist.is_initialized():  # vLLM in-process normally initialises a 1-rank world itself
         dist.init_process_group("gloo", init_method="tcp://127.0.0.1:29533", rank=0, world_size=1)
     shape = model_shape(hf.config)
-    plan = build_reshard_plan(RoleMesh("actor", (0,), 1, 1, 1), RoleMesh("rollout", (0,), 1, 1, 1))
+    plan = build_reshard_plan(RoleMesh("actor", (0,), ParallelDims(1, 1, 1)),
+                              RoleMesh("rollout", (0,), ParallelDims(1, 1, 1)))
     bridge = WeightBridge(plan, shape, TargetFormat.VLLM, dtype=torch.float32, device=torch.device("cpu"))
     spec = ShardSpec(1, 0, padded_vocab_size(shape.vocab_size, 1))
     src = {t.entry.mcore: hf_to_mcore_shard(t.entry, hf_reader(state), shape, spec) for t in bridge.tensors}

@@ -14,22 +14,12 @@ import pytest
 from hybridflow.config import ExperimentConfig, ModelConfig
 from hybridflow.config.cluster import ClusterConfig
 from hybridflow.config.experiment import finalize_experiment
-
-LLAMA = {
-    "7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
-               num_key_value_heads=32),
-    "13b": dict(hidden_size=5120, intermediate_size=13824, num_hidden_layers=40, num_attention_heads=40,
-                num_key_value_heads=40),
-    "34b": dict(hidden_size=8192, intermediate_size=22016, num_hidden_layers=48, num_attention_heads=64,
-                num_key_value_heads=8),
-    "70b": dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
-                num_key_value_heads=8),
-}
+from tests.placement.auto.paper_workload import LLAMA, VOCAB_SIZE
 
 
 def paper_config(size: str, gpus: int, engine: str = "vllm") -> ExperimentConfig:
     cfg = ExperimentConfig(name=f"hybridflow_paper_{size}_{gpus}")
-    cfg.model = ModelConfig(vocab_size=32000, max_position_embeddings=4096, **LLAMA[size])
+    cfg.model = ModelConfig(vocab_size=VOCAB_SIZE, max_position_embeddings=4096, **LLAMA[size])
     cfg.cluster = ClusterConfig(nodes=gpus // 8, gpus_per_node=8, gpu_type="A100", inter_node_gbps=25 / 8)
     cfg.placement.mode = "auto"
     cfg.rollout.engine = engine

@@ -14,15 +14,8 @@ from hybridflow.placement.auto.device import DeviceSpec, Efficiency
 from hybridflow.placement.auto.from_config import plan_candidate, plan_from_candidate
 from hybridflow.placement.auto.search import Candidate, search
 from hybridflow.placement.auto.strategy import strategies_for
-from hybridflow.placement.auto.workload import (
-    GENERATION,
-    LLAMA_SHAPES,
-    PREPARATION,
-    TRAINING,
-    Workload,
-    ppo_roles,
-    split_rollout,
-)
+from hybridflow.placement.auto.workload import GENERATION, PREPARATION, TRAINING, Workload, split_rollout
+from tests.placement.auto.paper_workload import LLAMA_SHAPES, ppo_roles
 
 GIB = 2**30
 LAG1 = ["placement=auto", "trainer.rollout_lag=1"]
@@ -175,4 +168,4 @@ def test_a_rollout_alone_takes_only_generation_layouts():
 def test_a_lag_1_workload_needs_a_rollout_role():
     m = LLAMA_SHAPES["7b"]
     with pytest.raises(ValueError, match="rollout_lag=1 needs a generation-only 'rollout' role"):
-        Workload(ppo_roles(m, None, None), 64, 1, 256, 256, 64, rollout_lag=1)
+        Workload(ppo_roles(m, None, None), 64, 1, 256, 256, 64, rollout_engine="vllm", rollout_lag=1)

@@ -12,7 +12,8 @@ from hybridflow.placement.auto.comm import allreduce_time, bridge_volume
 from hybridflow.placement.auto.cost_model import generation_breakdown, inference_breakdown, training_breakdown
 from hybridflow.placement.auto.device import DeviceSpec, Efficiency, efficiency_for, load_calibration
 from hybridflow.placement.auto.strategy import Strategy, strategies_for
-from hybridflow.placement.auto.workload import LLAMA_SHAPES, ModelCostShape, Workload, ppo_roles
+from hybridflow.placement.auto.workload import ModelCostShape, Workload
+from tests.placement.auto.paper_workload import LLAMA_SHAPES, ppo_roles
 
 
 def training_time(*args) -> float:
@@ -37,7 +38,7 @@ EFF = replace(Efficiency(), **NO_HOST)
 def workload(size="7b", prompts=64):
     m = LLAMA_SHAPES[size]
     roles = ppo_roles(m, replace(m, head="value"), replace(m, head="reward"))
-    return Workload(roles, prompts, 1, 512, 512, mini_batch_size=prompts)
+    return Workload(roles, prompts, 1, 512, 512, mini_batch_size=prompts, rollout_engine="vllm")
 
 
 def test_params_match_published_llama_sizes():
@@ -149,7 +150,8 @@ def test_h200_mfu_figures_are_the_recorded_runs(figure, files):
 def test_tiny_micro_batches_cost_at_least_their_weight_traffic():
     m = LLAMA_SHAPES["7b"]
     roles = ppo_roles(m, replace(m, head="value"), None)
-    short = Workload(roles, 64, 1, 16, 16, mini_batch_size=64)  # 32-token micro-batches: memory-bound
+    # 32-token micro-batches: memory-bound
+    short = Workload(roles, 64, 1, 16, 16, mini_batch_size=64, rollout_engine="vllm")
     s = Strategy(1, 1, 1)
     hbm = A100.hbm_bytes_per_s * EFF.hbm_efficiency
     # Every micro-batch streams the weights (and for training the fp32 main grads) through HBM once.

@@ -8,7 +8,8 @@ from hybridflow.config.cluster import ClusterConfig
 from hybridflow.errors import UserError
 from hybridflow.placement.auto.device import DeviceSpec
 from hybridflow.placement.auto.search import search
-from hybridflow.placement.auto.workload import LLAMA_SHAPES, Workload, ppo_roles
+from hybridflow.placement.auto.workload import Workload
+from tests.placement.auto.paper_workload import LLAMA_SHAPES, ppo_roles
 
 GIB = 2**30
 DEVICE = DeviceSpec.from_cluster(ClusterConfig(nodes=4, gpus_per_node=8, gpu_type="A100"))
@@ -16,7 +17,8 @@ DEVICE = DeviceSpec.from_cluster(ClusterConfig(nodes=4, gpus_per_node=8, gpu_typ
 
 def workload(size="7b"):
     m = LLAMA_SHAPES[size]
-    return Workload(ppo_roles(m, replace(m, head="value"), replace(m, head="reward")), 256, 1, 1024, 1024, 64)
+    return Workload(ppo_roles(m, replace(m, head="value"), replace(m, head="reward")), 256, 1, 1024, 1024, 64,
+                    rollout_engine="vllm")
 
 
 def simple_memory(wl, per_param_trained=16.0, per_param_frozen=2.0):
