@@ -14,7 +14,7 @@ from hybridflow.rollout.vllm_engine import VllmEngineSpec, engine_kwargs
 
 CONFIG_DEFAULTS = {f.name: f.default for f in dataclasses.fields(RolloutConfig)}
 # dtype: the config's None means model.dtype, which the rollout role resolves before it builds a spec.
-SPEC_ONLY = {"model_path", "tp", "seed", "engine_args", "dtype"}
+SPEC_ONLY = {"model_path", "tp", "seed", "engine_args", "dtype", "lora_rank"}  # lora_rank: roles.actor.lora.rank
 
 
 def test_shared_fields_default_as_the_config_does():

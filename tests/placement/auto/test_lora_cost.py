@@ -13,7 +13,8 @@ from hybridflow.placement.auto.cost_model import generation_breakdown, training_
 from hybridflow.placement.auto.device import DeviceSpec, Efficiency
 from hybridflow.placement.auto.from_config import workload_from_config
 from hybridflow.placement.auto.strategy import Strategy
-from hybridflow.placement.auto.workload import LLAMA_SHAPES, Workload, ppo_roles
+from hybridflow.placement.auto.workload import Workload
+from tests.placement.auto.paper_workload import LLAMA_SHAPES, ppo_roles
 
 A100 = DeviceSpec.from_cluster(ClusterConfig(nodes=1, gpus_per_node=8, gpu_type="A100"))
 EFF = replace(Efficiency(), role_pass_overhead_s=0.0, forward_host_s_per_layer=0.0, train_host_s_per_layer=0.0,
@@ -31,7 +32,7 @@ def _workload(adapters: int, syncs: bool) -> Workload:
     m = LLAMA_SHAPES["7b"]
     roles = tuple(replace(r, adapter_params=adapters, syncs_adapters=syncs) if r.name == "actor" else r
                   for r in ppo_roles(m, None, None))
-    return Workload(roles, 64, 1, 512, 512, mini_batch_size=16)
+    return Workload(roles, 64, 1, 512, 512, mini_batch_size=16, rollout_engine="vllm")
 
 
 def test_lora_update_is_two_thirds_of_the_base_plus_the_adapters_and_adam_over_adapters():
