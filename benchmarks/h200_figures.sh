@@ -2,7 +2,7 @@
 # The single-GPU figures of benchmarks/README.md, in one go on a GPU machine that has torch + transformers.
 #   benchmarks/h200_figures.sh OUT_DIR [STAGE ...]      stages: gpu-tests decode throughput trl calibrate
 #                                                       vllm-generate packing smollm2 smollm2-vllm trl-curve
-#                                                       offload8b
+#                                                       offload8b tools
 #   (default: the first four; calibrate = the cost model's MFU and decode figures at the Llama-3-8B shape)
 # Pure-Python dependencies the machine lacks (megatron-core, hydra-core, omegaconf, antlr4; trl, datasets, dill,
 # multiprocess for the trl stage) are installed from wheels in .whl/ (and .carry/trl/) when present.
@@ -150,8 +150,33 @@ for s in "${stages[@]}"; do
         kill "$smi" 2>/dev/null
         grep -E "Maximum resident|Elapsed" "$out/offload8b.log"
         rm -rf "$work"/offload8b/init_model "$work"/offload8b/checkpoints "$work"/offload8b/final_hf ;;
+    tools)
+        # SmolLM2-135M-Instruct on builtin:calc_word_problems (needs the smollm2 pieces, as the smollm2 stage):
+        # base tool-call rate and accuracy with and without the calculator (HF generate, greedy and T=1), then
+        # GRPO for the same steps with the tool (native engine, and vLLM when its bundle was sent) and without it
+        # (the same questions, calc_word_problems_plain, single turn), validated greedily every TOOLS_EVAL steps;
+        # tools.md / tools.png: held-out accuracy and tool-call rate over training (benchmarks/tool_curve.py).
+        tools_dir="$work/tools" steps="${TOOLS_STEPS:-40}"
+        mkdir -p "$tools_dir"
+        stage tools-base "${TOOLS_BASE_S:-300}" python3 -m benchmarks.tool_use_base --prompts "${TOOLS_PROMPTS:-128}" \
+            --temperatures 0,1 --json "$tools_dir/base.json"
+        runs=(with_tool=+experiment=grpo_smollm2_tools
+              without_tool="+experiment=grpo_smollm2_tools rollout.environment=null data.source=builtin:calc_word_problems_plain")
+        [ -d /tmp/vsite/vllm ] && runs+=(with_tool_vllm="+experiment=grpo_smollm2_tools rollout=vllm")
+        labels=()
+        for run in "${runs[@]}"; do
+            label="${run%%=*}"
+            # shellcheck disable=SC2086  # the run's overrides and TOOLS_OVERRIDES are word lists
+            stage "tools-$label" "${TOOLS_RUN_S:-560}" python3 -m hybridflow.run ${run#*=} trainer.total_steps="$steps" \
+                trainer.val_every="${TOOLS_EVAL:-10}" trainer.val_before_train=true trainer.save_every=0 \
+                trainer.save_last=false trainer.output_dir="$tools_dir/$label" ${TOOLS_OVERRIDES:-}
+            labels+=("$label=$tools_dir/$label")
+        done
+        stage tools-curve 120 python3 -m benchmarks.tool_curve --out "$tools_dir" "${labels[@]}"
+        cp "$tools_dir"/tools.md "$tools_dir"/tools.png "$tools_dir"/base.json "$out/" 2>/dev/null
+        cat "$tools_dir/tools.md" 2>/dev/null ;;
     *) echo "unknown stage $s (use gpu-tests, decode, throughput, trl, calibrate, vllm-generate, packing, smollm2," \
-        "smollm2-vllm, trl-curve, offload8b)" >&2 ;;
+        "smollm2-vllm, trl-curve, offload8b, tools)" >&2 ;;
     esac
 done
 # Everything small the stages wrote (tables, JSON, PNG, metrics, logs) in one archive.

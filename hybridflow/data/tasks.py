@@ -116,6 +116,8 @@ CALC_EXAMPLE = ({"role": "user", "content": "A shop has 23 boxes with 47 pens in
                 {"role": "assistant", "content": _calculator_call("23 * 47")},
                 {"role": "tool", "content": "1081"},
                 {"role": "assistant", "content": "23 * 47 = 1081\n#### 1081"})
+# The same exchange solved without the tool (`calc_word_problems_plain`).
+PLAIN_CALC_EXAMPLE = (CALC_EXAMPLE[0], CALC_EXAMPLE[-1])
 
 
 @dataclass(frozen=True)
@@ -123,7 +125,11 @@ class CalculatorWordProblems:
     """Word problems on two- and three-digit numbers (products a 135M model rarely gets right in its head),
     as chat messages that offer the `calculator` tool (hybridflow.tools) with one solved exchange using it.
     The answer is the worked expression and `#### n` (hybridflow.rewards.gsm8k scores it); every answer is a
-    non-negative integer."""
+    non-negative integer. `offer_tool=False` (`builtin:calc_word_problems_plain`): the same questions and
+    answers with the word-problem prompt of `gsm8k_easy` and the example solved without the tool (the
+    baseline for "with the tool vs without")."""
+
+    offer_tool: bool = True
 
     def example(self, rng: random.Random) -> dict:
         name, item = rng.choice(_NAMES), rng.choice(_ITEMS)
@@ -143,7 +149,9 @@ class CalculatorWordProblems:
                      "is that in all?", f"{c} + {d} + {e}", c + d + e),
         }
         question, expression, value = kinds[rng.choice(sorted(kinds))]
-        prompt = [{"role": "system", "content": CALC_SYSTEM}, *CALC_EXAMPLE, {"role": "user", "content": question}]
+        head = [{"role": "system", "content": CALC_SYSTEM}, *CALC_EXAMPLE] if self.offer_tool else \
+            [{"role": "system", "content": WORD_PROBLEM_SYSTEM}, *PLAIN_CALC_EXAMPLE]
+        prompt = [*head, {"role": "user", "content": question}]
         return {"prompt": prompt, "answer": f"{expression} = {value}\n#### {value}"}
 
 
@@ -177,6 +185,7 @@ class WordOrder:
 BuiltinTask = SortDigits | AddNumbers | MaxDigit | WordProblems | CalculatorWordProblems | WordOrder
 BUILTIN_TASKS: dict[str, BuiltinTask] = {"sort_digits": SortDigits(), "add": AddNumbers(), "max_digit": MaxDigit(),
                                          "gsm8k_easy": WordProblems(), "calc_word_problems": CalculatorWordProblems(),
+                                         "calc_word_problems_plain": CalculatorWordProblems(offer_tool=False),
                                          "word_order": WordOrder()}
 
 

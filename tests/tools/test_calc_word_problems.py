@@ -38,6 +38,14 @@ def test_rows_are_deterministic_chat_with_calculator_checkable_answers():
     assert not {json.dumps(r["prompt"]) for r in held_out} & {json.dumps(r["prompt"]) for r in rows}
 
 
+def test_the_plain_variant_asks_the_same_questions_without_the_tool():
+    rows = task_rows(builtin_task("builtin:calc_word_problems"), 50, seed=3)
+    plain = task_rows(builtin_task("builtin:calc_word_problems_plain"), 50, seed=3)
+    assert [r["answer"] for r in plain] == [r["answer"] for r in rows]
+    assert [r["prompt"][-1] for r in plain] == [r["prompt"][-1] for r in rows]
+    assert not any("tool" in json.dumps(r["prompt"]) or m["role"] == "tool" for r in plain for m in r["prompt"])
+
+
 def test_one_episode_through_the_calculator_environment_with_smollm2():
     tokenizer = load_tokenizer(smollm2_checkpoint())
     row = load_prompt_dataset("builtin:calc_word_problems", seed=0, num_builtin_examples=1).rows[0]
