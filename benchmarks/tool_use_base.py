@@ -101,7 +101,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
     parser.add_argument("--max-turns", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=96)
-    parser.add_argument("--budget", type=int, default=576, help="tokens per trajectory (data.seq_length)")
+    parser.add_argument("--budget", type=int, default=1152, help="tokens per trajectory (data.seq_length)")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--only", default="tool,plain", help="which prompt forms to measure")
     parser.add_argument("--json", type=Path, default=None)
