@@ -2,7 +2,7 @@
 # The single-GPU figures of benchmarks/README.md, in one go on a GPU machine that has torch + transformers.
 #   benchmarks/h200_figures.sh OUT_DIR [STAGE ...]      stages: gpu-tests decode throughput trl calibrate
 #                                                       vllm-generate packing smollm2 smollm2-vllm trl-curve
-#                                                       offload8b lora8b
+#                                                       offload8b lora8b tools
 #   (default: the first four; calibrate = the cost model's MFU and decode figures at the Llama-3-8B shape)
 # Pure-Python dependencies the machine lacks (megatron-core, hydra-core, omegaconf, antlr4; trl, datasets, dill,
 # multiprocess for the trl stage) are installed from wheels in .whl/ (and .carry/trl/) when present.
@@ -168,8 +168,46 @@ for s in "${stages[@]}"; do
         grep -E "Maximum resident|Elapsed" "$out/lora8b.log"
         sort -n "$out/lora8b_gpu_mib.txt" | tail -1 | sed 's/^/peak GPU MiB (nvidia-smi): /'
         rm -rf "$work"/lora8b/init_model "$work"/lora8b/checkpoints "$work"/lora8b/final_hf ;;
+    tools)
+        # SmolLM2-135M-Instruct on builtin:calc_word_problems (needs the smollm2 pieces, as the smollm2 stage).
+        # TOOLS_PARTS picks the parts (a device call is limited to 10 minutes: one or two parts per call); they
+        # share TOOLS_DIR (default /tmp/tools, kept while the machine stays warm), archived as tools.tar.gz after
+        # each call. base: tool-call rate and accuracy with and without the calculator (HF generate, greedy and
+        # T=1); with_tool / with_tool_vllm / without_tool: GRPO for TOOLS_STEPS steps with the tool (native
+        # engine / vLLM) and without it (the same questions, calc_word_problems_plain, single turn), validated
+        # greedily every TOOLS_EVAL steps; curve: tools.md / tools.png from the runs there (benchmarks/tool_curve.py).
+        tools_dir="${TOOLS_DIR:-/tmp/tools}"
+        mkdir -p "$tools_dir"
+        for part in ${TOOLS_PARTS:-base with_tool}; do
+            case "$part" in
+            base)
+                stage tools-base "${TOOLS_BASE_S:-300}" python3 -m benchmarks.tool_use_base \
+                    --prompts "${TOOLS_PROMPTS:-128}" --temperatures 0,1 --json "$tools_dir/base.json" ;;
+            with_tool | with_tool_vllm | without_tool)
+                case "$part" in
+                with_tool) run=(+experiment=grpo_smollm2_tools) ;;
+                with_tool_vllm) run=(+experiment=grpo_smollm2_tools rollout=vllm) ;;
+                without_tool) run=(+experiment=grpo_smollm2_tools rollout.environment=null
+                                   data.source=builtin:calc_word_problems_plain) ;;
+                esac
+                rm -rf "${tools_dir:?}/$part"
+                # shellcheck disable=SC2086  # TOOLS_OVERRIDES is a list of overrides
+                stage "tools-$part" "${TOOLS_RUN_S:-560}" python3 -m hybridflow.run "${run[@]}" \
+                    trainer.total_steps="${TOOLS_STEPS:-30}" trainer.val_every="${TOOLS_EVAL:-10}" \
+                    trainer.val_before_train=true trainer.save_every=0 trainer.save_last=false \
+                    trainer.output_dir="$tools_dir/$part" ${TOOLS_OVERRIDES:-} ;;
+            curve)
+                labels=()
+                for run_dir in "$tools_dir"/*/; do labels+=("$(basename "$run_dir")=$run_dir"); done
+                stage tools-curve 120 python3 -m benchmarks.tool_curve --out "$tools_dir" "${labels[@]}"
+                cat "$tools_dir/tools.md" 2>/dev/null ;;
+            *) echo "unknown TOOLS_PARTS entry $part (use base, with_tool, with_tool_vllm, without_tool, curve)" >&2 ;;
+            esac
+        done
+        tar -czf "$out/tools.tar.gz" -C "$(dirname "$tools_dir")" --exclude='checkpoints' --exclude='final_hf' \
+            --exclude='tensorboard' --exclude='*.safetensors' --exclude='init_model' "$(basename "$tools_dir")" ;;
     *) echo "unknown stage $s (use gpu-tests, decode, throughput, trl, calibrate, vllm-generate, packing, smollm2," \
-        "smollm2-vllm, trl-curve, offload8b, lora8b)" >&2 ;;
+        "smollm2-vllm, trl-curve, offload8b, lora8b, tools)" >&2 ;;
     esac
 done
 # Everything small the stages wrote (tables, JSON, PNG, metrics, logs) in one archive.

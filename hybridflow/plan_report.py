@@ -38,10 +38,7 @@ class PlanReport:
                  f"L={cfg.model.num_hidden_layers}  cluster: {cfg.cluster.gpu_type}", format_plan(self.plan)]
         if self.choice is not None:
             lines.append(self.choice.format())
-        lines.append(f"rollout stops at token ids {self.stop_token_ids} ({stop_ids_source(cfg)})"
-                     if self.stop_token_ids else
-                     f"rollout never stops early ({stop_ids_source(cfg)}): every response is "
-                     f"rollout.max_new_tokens={cfg.rollout.max_new_tokens} tokens")
+        lines.append(self._stop_line())
         if self.explanation is not None:
             lines.append("\n" + self.explanation.format())
         else:
@@ -51,6 +48,18 @@ class PlanReport:
             if self.overlap is not None:
                 lines.append(f"  one step off (trainer.rollout_lag=1): {overlap_text(self.overlap)}")
         return "\n".join(lines)
+
+    def _stop_line(self) -> str:
+        """Where sampling stops; with `rollout.environment`, a limit is per assistant turn, not per response."""
+        cfg, r = self.config, self.config.rollout
+        if self.stop_token_ids:
+            return f"rollout stops at token ids {self.stop_token_ids} ({stop_ids_source(cfg)})"
+        if r.environment is None:
+            return (f"rollout never stops early ({stop_ids_source(cfg)}): every response is "
+                    f"rollout.max_new_tokens={r.max_new_tokens} tokens")
+        return (f"rollout never stops early ({stop_ids_source(cfg)}): every assistant turn is "
+                f"rollout.max_new_tokens={r.max_new_tokens} tokens (up to rollout.max_turns={r.max_turns} turns "
+                f"per trajectory, within data.seq_length={cfg.data.seq_length} tokens)")
 
     def to_json(self) -> dict[str, Any]:
         """What plan.json holds."""

@@ -27,6 +27,7 @@ class StepBatch:
     ref_logprobs: torch.Tensor | None = None
     values: torch.Tensor | None = None
     scores: torch.Tensor | None = None  # [B]
+    env_rewards: torch.Tensor | None = None  # [B] a multi-turn environment's reward, NaN where it gave none
     token_rewards: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None

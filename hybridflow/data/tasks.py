@@ -13,7 +13,7 @@ import random
 from dataclasses import dataclass
 
 from hybridflow.errors import UserError
-from hybridflow.tools.calculator import CALCULATOR
+from hybridflow.tools.calculator import CALCULATOR, evaluate_arithmetic, format_number
 from hybridflow.tools.tool_call import CLOSE as TOOL_CALL_CLOSE
 from hybridflow.tools.tool_call import OPEN as TOOL_CALL_OPEN
 
@@ -111,19 +111,57 @@ def _calculator_call(expression: str) -> str:
 CALC_SYSTEM = ("Solve the math word problem. You have a calculator: to use it, write "
                + _calculator_call("<arithmetic>") + " and stop; its result comes back in a tool message. "
                "Finish with the final answer on its own line as '#### <number>'.")
-# One solved exchange that uses the tool, so a small instruct model sees the call format in action.
-CALC_EXAMPLE = ({"role": "user", "content": "A shop has 23 boxes with 47 pens in each box. How many pens is that?"},
-                {"role": "assistant", "content": _calculator_call("23 * 47")},
-                {"role": "tool", "content": "1081"},
-                {"role": "assistant", "content": "23 * 47 = 1081\n#### 1081"})
+# Appended to every question that offers the tool (solved examples included): SmolLM2-135M-Instruct follows an
+# instruction in the user turn far more often than one in the system turn alone (see CalculatorWordProblems).
+CALC_REQUEST = " Use the calculator."
+
+
+def _solved_with_tool(question: str, expression: str) -> tuple[dict[str, str], ...]:
+    """One solved exchange that uses the tool: the question, the call, the tool's result, the final answer."""
+    value = format_number(evaluate_arithmetic(expression))
+    return ({"role": "user", "content": question + CALC_REQUEST},
+            {"role": "assistant", "content": _calculator_call(expression)},
+            {"role": "tool", "content": value},
+            {"role": "assistant", "content": f"{expression} = {value}\n#### {value}"})
+
+
+# One solved exchange per question form of the task (mul, mul_sub, add3, div, add_mul), each calling the tool.
+_CALC_SOLVED = (
+    ("A shop has 23 boxes with 47 pens in each box. How many pens is that?", "23 * 47"),
+    ("Sam packs 38 boxes with 64 cards in each box and gives 517 cards away. How many cards are left?",
+     "38 * 64 - 517"),
+    ("Zoe collects 312 coins on Monday, 845 on Tuesday and 129 on Wednesday. How many coins is that in all?",
+     "312 + 845 + 129"),
+    ("Lily shares 1554 stamps equally among 42 friends. How many stamps does each friend get?", "1554 / 42"),
+    ("Omar has 245 shells and buys 17 packs of 36 shells. How many shells does Omar have now?", "245 + 17 * 36"),
+)
+CALC_EXAMPLES = tuple(m for question, expression in _CALC_SOLVED for m in _solved_with_tool(question, expression))
+# The same exchanges solved without the tool (`calc_word_problems_plain`).
+PLAIN_CALC_EXAMPLES = tuple(m for question, expression in _CALC_SOLVED
+                            for m in ({"role": "user", "content": question},
+                                      _solved_with_tool(question, expression)[-1]))
 
 
 @dataclass(frozen=True)
 class CalculatorWordProblems:
     """Word problems on two- and three-digit numbers (products a 135M model rarely gets right in its head),
-    as chat messages that offer the `calculator` tool (hybridflow.tools) with one solved exchange using it.
-    The answer is the worked expression and `#### n` (hybridflow.rewards.gsm8k scores it); every answer is a
-    non-negative integer."""
+    as chat messages that offer the `calculator` tool (hybridflow.tools): the system text, five solved
+    exchanges using it (`CALC_EXAMPLES`, one per question form), the question; every question ends in
+    `CALC_REQUEST`. The answer is the worked expression and `#### n` (hybridflow.rewards.gsm8k scores it);
+    every answer is a non-negative integer. `offer_tool=False` (`builtin:calc_word_problems_plain`): the same
+    questions and answers with the word-problem prompt of `gsm8k_easy` and the same exchanges solved without
+    the tool (the baseline for "with the tool vs without").
+
+    Why this prompt (SmolLM2-135M-Instruct, HF fp32 on CPU, prompts rendered as the loader renders them;
+    SmolLM2's template renders no tool schemas, only `tool` messages; benchmarks/tool_use_base.py): with one
+    solved exchange and the call syntax in the system text only, it called the tool on 0 of 16 prompts at
+    temperature 1 and 1 of 16 greedily (accuracy 0 of 16). Screening the first turn at temperature 1 (16
+    prompts, 48 tokens): three solved exchanges gave a `<tool_call>` block on 3 of 16 (none well-formed
+    within the limit); three with `CALC_REQUEST` in every user turn on 6 of 16 (5 well-formed); five with
+    it on 10 of 16, all well-formed (the prompt grows from ~210 to ~690 tokens). README, "Multi-turn
+    rollouts with tools", has the rates of this prompt measured over whole episodes."""
+
+    offer_tool: bool = True
 
     def example(self, rng: random.Random) -> dict:
         name, item = rng.choice(_NAMES), rng.choice(_ITEMS)
@@ -143,7 +181,12 @@ class CalculatorWordProblems:
                      "is that in all?", f"{c} + {d} + {e}", c + d + e),
         }
         question, expression, value = kinds[rng.choice(sorted(kinds))]
-        prompt = [{"role": "system", "content": CALC_SYSTEM}, *CALC_EXAMPLE, {"role": "user", "content": question}]
+        if self.offer_tool:
+            prompt = [{"role": "system", "content": CALC_SYSTEM}, *CALC_EXAMPLES,
+                      {"role": "user", "content": question + CALC_REQUEST}]
+        else:
+            prompt = [{"role": "system", "content": WORD_PROBLEM_SYSTEM}, *PLAIN_CALC_EXAMPLES,
+                      {"role": "user", "content": question}]
         return {"prompt": prompt, "answer": f"{expression} = {value}\n#### {value}"}
 
 
@@ -177,6 +220,7 @@ class WordOrder:
 BuiltinTask = SortDigits | AddNumbers | MaxDigit | WordProblems | CalculatorWordProblems | WordOrder
 BUILTIN_TASKS: dict[str, BuiltinTask] = {"sort_digits": SortDigits(), "add": AddNumbers(), "max_digit": MaxDigit(),
                                          "gsm8k_easy": WordProblems(), "calc_word_problems": CalculatorWordProblems(),
+                                         "calc_word_problems_plain": CalculatorWordProblems(offer_tool=False),
                                          "word_order": WordOrder()}
 
 

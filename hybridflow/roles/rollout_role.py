@@ -19,9 +19,10 @@ from hybridflow.roles.model_role import ModelRole
 from hybridflow.roles.replica_results import share_from_role
 from hybridflow.rollout.base import EngineSetup, RolloutBatch, RolloutBuilder, RolloutEngine, SamplingParams
 from hybridflow.rollout.turns import (
-    TURN_STATS,
+    TRAJECTORY_COLUMNS,
     TurnSettings,
     engine_sampler,
+    environment_rewards,
     episodes_to_batch,
     run_turns,
     start_episode,
@@ -44,7 +45,7 @@ class LocalSamples(NamedTuple):
     token_kinds: torch.Tensor | None
     logprobs: torch.Tensor | None
     with_logprobs: bool
-    turn_stats: torch.Tensor | None = None  # [rows, len(TURN_STATS)] of a multi-turn rollout
+    turn_stats: torch.Tensor | None = None  # [rows, len(TRAJECTORY_COLUMNS)] of a multi-turn rollout
 
 
 @dataclass
@@ -61,6 +62,7 @@ class RolloutRole:
     memory: dict[str, float] = field(default_factory=dict)  # rollout/* GiB freed by sleep, taken by wake (CUDA)
     turns: TurnSettings | None = None  # rollout.environment's turn loop; None: single turn
     turn_metrics: dict[str, float] = field(default_factory=dict)  # turns/*, tools/* of the last batch shared
+    turn_stats: torch.Tensor | None = None  # [B, len(TRAJECTORY_COLUMNS)] of the last batch shared (validation)
     # An engine that holds the actor's LoRA adapters (`EngineSetup.lora`) gets the base on the first sync and the
     # adapters on every one: through the bridge into its own adapter tensors (`adapter_bridge`, the native
     # engine) or as a PEFT directory it loads itself (`adapter_dir`, vLLM). Neither: merged weights every sync.
@@ -121,9 +123,10 @@ class RolloutRole:
                                             self.device).cpu()
         batch.rollout_logprobs = None
         if self.turns is not None:
-            stats = share_from_role(local.turn_stats, self.mesh, rows, (len(TURN_STATS),), torch.float32,
+            stats = share_from_role(local.turn_stats, self.mesh, rows, (len(TRAJECTORY_COLUMNS),), torch.float32,
                                     self.device).cpu()
-            self.turn_metrics = turn_metrics(stats)
+            self.turn_stats, self.turn_metrics = stats, turn_metrics(stats)
+            batch.env_rewards = environment_rewards(stats)
         if local.with_logprobs:
             batch.rollout_logprobs = share_from_role(local.logprobs, self.mesh, rows, shape, torch.float32,
                                                      self.device).cpu()

@@ -35,6 +35,10 @@ ENDED_DONE, ENDED_MAX_TURNS, ENDED_BUDGET = "done", "max_turns", "budget"
 TURN_STATS = ("turns", "tool_calls", *(f"tool_errors/{kind}" for kind in
                                        (MALFORMED, UNKNOWN_TOOL, EXCEPTION, TIMEOUT, TOO_MANY_CALLS)),
               *(f"ended_{reason}" for reason in (ENDED_DONE, ENDED_MAX_TURNS, ENDED_BUDGET)))
+# What travels per trajectory besides its tokens (RolloutRole.share), one column each: the counts, then the
+# environment's reward (NaN where it gave none).
+ENV_REWARD = "env_reward"
+TRAJECTORY_COLUMNS = (*TURN_STATS, ENV_REWARD)
 _KINDS = {PROMPT: TokenKind.PROMPT, ASSISTANT: TokenKind.ASSISTANT, OBSERVATION: TokenKind.OBSERVATION}
 # Each turn's engine call draws from its own seed (the native engine seeds one generator per call).
 TURN_SEED_STRIDE = 104729
@@ -80,8 +84,9 @@ class Episode:
     reward: float | None = None  # the environment's, when it gives one
 
     def stats(self) -> list[float]:
-        """The counts in `TURN_STATS` order."""
-        return [float(self.counts[name]) for name in TURN_STATS]
+        """The counts and the environment's reward (NaN: none), in `TRAJECTORY_COLUMNS` order."""
+        reward = float("nan") if self.reward is None else float(self.reward)
+        return [*(float(self.counts[name]) for name in TURN_STATS), reward]
 
 
 def start_episode(prompt_ids: Sequence[int], row: Mapping[str, Any], settings: TurnSettings) -> Episode:
@@ -157,15 +162,24 @@ def episodes_to_batch(episodes: Sequence[Episode], width: int, pad_token_id: int
                         logprobs.to(device) if with_logprobs else None)
 
 
+def environment_rewards(stats: torch.Tensor) -> torch.Tensor:
+    """[B] the environment's reward of each trajectory (NaN where it gave none) from its columns
+    ([B, len(TRAJECTORY_COLUMNS)])."""
+    return stats[:, TRAJECTORY_COLUMNS.index(ENV_REWARD)]
+
+
 def turn_metrics(stats: torch.Tensor) -> dict[str, float]:
-    """Step metrics of a batch's per-trajectory counts ([B, len(TURN_STATS)]): turns and tool calls per
-    trajectory, tool errors per call and by kind, and the share of trajectories each ending took."""
-    column = {name: stats[:, i] for i, name in enumerate(TURN_STATS)}
+    """Step metrics of a batch's per-trajectory columns ([B, len(TRAJECTORY_COLUMNS)]): turns and tool calls
+    per trajectory, the share of trajectories that called a tool, tool errors per call and by kind, the share
+    of trajectories each ending took, and the share the environment rewarded itself."""
+    column = {name: stats[:, i] for i, name in enumerate(TRAJECTORY_COLUMNS)}
     calls = float(column["tool_calls"].sum())
     errors = {name: float(c.sum()) for name, c in column.items() if name.startswith("tool_errors/")}
     out = {"turns/per_trajectory": float(column["turns"].mean()), "turns/max": float(column["turns"].max()),
            "tools/calls_per_trajectory": float(column["tool_calls"].mean()),
-           "tools/errors_per_call": sum(errors.values()) / calls if calls else 0.0}
+           "tools/calling_share": float((column["tool_calls"] > 0).float().mean()),
+           "tools/errors_per_call": sum(errors.values()) / calls if calls else 0.0,
+           "turns/env_rewarded": float((~column[ENV_REWARD].isnan()).float().mean())}
     out |= {f"tools/errors/{name.removeprefix('tool_errors/')}": n for name, n in errors.items()}
     out |= {f"turns/{name}": float(c.mean()) for name, c in column.items() if name.startswith("ended_")}
     return out

@@ -31,10 +31,26 @@ def rule_inputs(tokenizer: PreTrainedTokenizerBase, batch: StepBatch):
 class Scorer:
     """Scores [B] in two halves, so that a reward model on its own ranks overlaps the other roles' stages:
     `local` computes what this rank can (the whole batch for a rule; its replica's rows on reward-model
-    ranks, None elsewhere) and `share` later makes the full [B] scores the same on every rank."""
+    ranks, None elsewhere) and `share` later makes the full [B] scores the same on every rank.
+
+    Precedence: a trajectory whose environment gave a reward (`rollout.environment`, EnvironmentStep.reward;
+    its last one counts) is scored with that reward; `reward.fn` or the reward model scores the others (it is
+    still called on the whole batch, so it must accept every row)."""
 
     local: Callable[[StepBatch], torch.Tensor | None]
-    share: Callable[[torch.Tensor | None, StepBatch], torch.Tensor]
+    share_scores: Callable[[torch.Tensor | None, StepBatch], torch.Tensor]
+
+    def share(self, local: torch.Tensor | None, batch: StepBatch) -> torch.Tensor:
+        """The full [B] scores on every rank (collective), the environment's rewards where it gave them."""
+        return with_environment_rewards(self.share_scores(local, batch), batch)
+
+
+def with_environment_rewards(scores: torch.Tensor, batch: StepBatch) -> torch.Tensor:
+    """`scores` with each trajectory's environment reward in place of its score where there is one."""
+    if batch.env_rewards is None:
+        return scores
+    given = ~batch.env_rewards.isnan()
+    return torch.where(given, batch.env_rewards.to(scores.dtype), scores)
 
 
 def build_scorer(

@@ -20,6 +20,7 @@ from hybridflow.data.step_batch import StepBatch
 from hybridflow.data.tasks import builtin_task, held_out_rows, is_builtin
 from hybridflow.errors import UserError
 from hybridflow.role_records import Role
+from hybridflow.rollout.turns import turn_metrics
 from hybridflow.tools import environment_tools
 
 NUM_BUILTIN_TRAIN = 8192  # load_prompt_dataset's default size of a built-in training set
@@ -73,14 +74,16 @@ class Validator:
         return bool(every) and (step % every == 0 or step == self.cfg.trainer.total_steps)
 
     def run(self, trainer) -> dict[str, float]:
-        """`val/reward_mean` and `val/accuracy` (share of responses with full reward, >= 1) over the rows."""
+        """`val/reward_mean` and `val/accuracy` (share of responses with full reward, >= 1) over the rows; with
+        `rollout.environment`, the turn and tool metrics of the held-out trajectories too (`val/turns/*`,
+        `val/tools/*`: how often the policy calls its tools, unsampled)."""
         rollout, cfg = trainer.rollout, self.cfg
         # The training sampler's settings and step counter are put back, so a run's RL samples are the same
         # with validation on or off (and a resumed run matches an uninterrupted one).
         saved_sampling, saved_step = rollout.sampling, rollout.step
         rollout.sampling = replace(saved_sampling, temperature=cfg.trainer.val_temperature)
         chunk = cfg.data.train_batch_size * cfg.rollout.n_samples_per_prompt
-        scores = []
+        scores, turn_stats = [], []
         try:
             for start in range(0, len(self.rows), chunk):
                 rows = self.rows[start : start + chunk]
@@ -90,6 +93,8 @@ class Validator:
                 rollout.generate(batch)
                 batch.scores = trainer.scorer.share(trainer.scorer.local(batch), batch)
                 scores.append(batch.scores)
+                if rollout.turns is not None:  # multi-turn: the chunk's per-trajectory counts (every rank has them)
+                    turn_stats.append(rollout.turn_stats)
                 if start == 0:
                     self.first_batch = batch
         finally:
@@ -97,5 +102,7 @@ class Validator:
         # generate put the engine to sleep; a sync wakes it with the actor's weights, as after an RL step.
         rollout.sync(trainer.roles.get(Role.ACTOR))
         all_scores = torch.cat(scores).float()
+        turns = {f"val/{k}": v for k, v in turn_metrics(torch.cat(turn_stats)).items()} if turn_stats else {}
         return {"val/reward_mean": float(all_scores.mean()),
-                "val/accuracy": float((all_scores >= 1.0).float().mean()), "val/num_prompts": float(len(self.rows))}
+                "val/accuracy": float((all_scores >= 1.0).float().mean()), "val/num_prompts": float(len(self.rows)),
+                **turns}

@@ -70,3 +70,17 @@ def test_the_search_prices_its_chosen_plan_at_the_offload_share_the_plan_picks()
     assert 0 < min(plan.offload_fractions.values()) < 1.0
     assert result.chosen.total == pytest.approx(plan_candidate(cfg, plan).total, rel=1e-9)
     assert result.chosen in [p.best for p in result.partitions]  # the explanation ranks the repriced choice
+
+
+@pytest.mark.parametrize("environment", [None, "calculator"])
+def test_a_plan_without_stop_ids_says_what_each_limit_bounds(environment, tmp_path, monkeypatch, capsys):
+    # with rollout.environment, max_new_tokens bounds each assistant turn, not the whole response
+    out = _plan_output(["+experiment=tiny_cpu", "rollout.stop_token_ids=[]", f"rollout.environment={environment}",
+                        "--out", "p.json"] if environment else
+                       ["+experiment=tiny_cpu", "rollout.stop_token_ids=[]", "--out", "p.json"],
+                       tmp_path, monkeypatch, capsys)
+    if environment is None:
+        assert "every response is rollout.max_new_tokens=8 tokens" in out
+    else:
+        assert "every assistant turn is rollout.max_new_tokens=8 tokens (up to rollout.max_turns=" in out
+        assert "every response is" not in out

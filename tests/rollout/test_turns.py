@@ -9,7 +9,7 @@ import torch
 
 from hybridflow.rollout.base import RolloutBatch
 from hybridflow.rollout.turns import (
-    TURN_STATS,
+    TRAJECTORY_COLUMNS,
     SampledTurn,
     TurnSettings,
     engine_sampler,
@@ -151,7 +151,7 @@ def test_batch_rows_carry_kinds_and_assistant_logprobs(tmp_path):
             assert (batch.token_kinds[row, s.start:s.end] == want).all()
         assert torch.equal(batch.logprobs[row] != 0, batch.loss_mask[row].bool())
     assert batch.prompt_lens.tolist() == [len(e.tokens.prompt_ids) for e in episodes]
-    assert len(episodes[0].stats()) == len(TURN_STATS)
+    assert len(episodes[0].stats()) == len(TRAJECTORY_COLUMNS)
 
 
 class LengthEngine:

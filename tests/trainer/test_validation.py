@@ -29,3 +29,53 @@ def test_validation_off_by_default_and_file_source_needs_val_source(tmp_path):
         Validator.build(cfg, tok)
     cfg = load_experiment("tiny_cpu", [f"data.source={src}", f"data.val_source={src}", "trainer.val_every=1"])
     assert Validator.build(cfg, tok).rows == [{"prompt": "1>", "answer": "1"}]
+
+
+class _TurnRollout:
+    """A multi-turn rollout stand-in: each generate leaves its rows' per-trajectory columns in `turn_stats`
+    as RolloutRole.share does; row i of the run (over all chunks) made i % 3 tool calls in i % 3 + 1 turns."""
+
+    def __init__(self, sampling):
+        self.sampling, self.step, self.turns, self.turn_stats, self.done = sampling, 0, object(), None, 0
+
+    def generate(self, batch):
+        import torch
+
+        from hybridflow.rollout.turns import TRAJECTORY_COLUMNS
+        from hybridflow.token_kinds import TokenKind
+
+        stats = torch.zeros(batch.size, len(TRAJECTORY_COLUMNS))
+        calls = torch.arange(self.done, self.done + batch.size) % 3
+        stats[:, TRAJECTORY_COLUMNS.index("tool_calls")] = calls
+        stats[:, TRAJECTORY_COLUMNS.index("turns")] = calls + 1
+        stats[:, TRAJECTORY_COLUMNS.index("env_reward")] = float("nan")
+        self.turn_stats, self.done = stats, self.done + batch.size
+        batch.token_kinds = torch.full_like(batch.tokens, int(TokenKind.ASSISTANT))
+
+    def sync(self, actor):
+        pass
+
+
+def test_validation_reports_turn_and_tool_metrics_over_every_chunk(tmp_path):
+    from types import SimpleNamespace
+
+    import torch
+
+    from hybridflow.rollout.base import SamplingParams
+    from hybridflow.trainer.scorer import Scorer
+
+    cfg = load_experiment("tiny_cpu", ["data.val_size=10", "trainer.val_every=1", "data.train_batch_size=4",
+                                      "algorithm.mini_batch_size=4"])
+    tok = build_char_tokenizer(tmp_path / "tok")
+    validator = Validator.build(cfg, tok)
+    rollout = _TurnRollout(SamplingParams(max_new_tokens=8))
+    trainer = SimpleNamespace(rollout=rollout, roles={},
+                              scorer=Scorer(lambda b: torch.ones(b.size), lambda local, b: local))
+    out = validator.run(trainer)
+    assert rollout.done == 10  # three chunks of at most 4
+    calls = [i % 3 for i in range(10)]
+    assert out["val/tools/calls_per_trajectory"] == pytest.approx(sum(calls) / 10)
+    assert out["val/tools/calling_share"] == pytest.approx(sum(c > 0 for c in calls) / 10)
+    assert out["val/turns/max"] == 3 and out["val/accuracy"] == 1.0
+    rollout.turns = None  # single turn: no turn metrics
+    assert not any(k.startswith(("val/turns", "val/tools")) for k in validator.run(trainer))
