@@ -22,6 +22,7 @@ from pathlib import Path
 from hybridflow.tools.record import ToolRecord
 from hybridflow.tools.sandbox_isolation import Isolation, probe_isolation
 from hybridflow.tools.truncation import truncate_middle
+from hybridflow.units import GIB
 
 _GUARD = (Path(__file__).with_name("sandbox_guard.py")).read_text()
 SCRATCH_PREFIX = "hybridflow-sandbox-"
@@ -34,7 +35,7 @@ class SandboxLimits:
 
     wall_s: float = 10.0
     cpu_s: int = 5
-    memory_bytes: int = 1 << 30
+    memory_bytes: int = GIB
     file_bytes: int = 16 << 20
     max_processes: int = 16
     max_output_chars: int = 4000  # per stream, truncated in the middle
