@@ -9,18 +9,10 @@ import torch
 
 from tests.distributed_harness import run_distributed
 from tests.megatron_adapters.tiny_hf_models import save_tiny_model, token_batch
+from tests.roles.nll import nll_loss
 
 STEPS, ROWS, SEQ, NEW = 3, 4, 10, 6
 PROMPTS = ([5, 9, 13, 2, 7], [3, 4], [11, 12, 6])
-
-
-def _loss(role):
-    def fn(logits, mb):
-        lp = role.logprobs(logits, mb["input_ids"])
-        tokens = float(lp.numel())
-        return -lp.sum() / tokens, {"num_tokens": torch.tensor(tokens), "nll": -lp.sum().detach()}
-
-    return fn
 
 
 def _sync_and_sample(hf_dir: str, layout: str, ids: torch.Tensor) -> dict:
@@ -49,7 +41,7 @@ def _sync_and_sample(hf_dir: str, layout: str, ids: torch.Tensor) -> dict:
     rollout.sync(actor)
     written = [rollout.last_sync.bytes_written]
     for _ in range(STEPS):
-        actor.train(actor.micro_batches({"input_ids": ids}), _loss(actor))
+        actor.train(actor.micro_batches({"input_ids": ids}), nll_loss(actor))
         rollout.sync(actor)
         written.append(rollout.last_sync.bytes_written)
 

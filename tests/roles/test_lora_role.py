@@ -8,17 +8,9 @@ import torch
 
 from tests.distributed_harness import run_distributed
 from tests.megatron_adapters.tiny_hf_models import save_tiny_model, token_batch
+from tests.roles.nll import nll_loss
 
 ROWS, SEQ = 4, 10
-
-
-def _loss(role):
-    def fn(logits, mb):
-        lp = role.logprobs(logits, mb["input_ids"])
-        tokens = float(lp.numel())
-        return -lp.sum() / tokens, {"num_tokens": torch.tensor(tokens), "nll": -lp.sum().detach()}
-
-    return fn
 
 
 def _lora_role(hf_dir: str, tp: int, ids: torch.Tensor) -> dict:
@@ -60,7 +52,7 @@ def _lora_role(hf_dir: str, tp: int, ids: torch.Tensor) -> dict:
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
 
     tensors = {"input_ids": ids[actor.local_rows(ROWS)]}
-    stats = actor.train(actor.micro_batches(tensors), _loss(actor))
+    stats = actor.train(actor.micro_batches(tensors), nll_loss(actor))
     out["grad_norm"] = stats["grad_norm"]
     out["changed"] = {n for n, p in model.named_parameters() if not torch.equal(p.detach(), before[n])}
     out["adapter_grads"] = {n for n, p in model.named_parameters() if getattr(p, "main_grad", None) is not None}
@@ -110,7 +102,7 @@ def _sync_rank(hf_dir: str, ids: torch.Tensor) -> dict:
     mesh = RoleMesh("actor", (0, 1), ParallelDims(2, 1, 1))
     actor = build_model_role("actor", mesh, groups, hf_dir, "lm", torch.float32, 2,
                              optimizer=OptimizerSettings(lr=1e-2), seed=1, lora=lora_settings(LoraConfig(rank=4)))
-    actor.train(actor.micro_batches({"input_ids": ids}), _loss(actor))  # B moves off zero
+    actor.train(actor.micro_batches({"input_ids": ids}), nll_loss(actor))  # B moves off zero
     model = unwrap(actor.model)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     params = dict(model.named_parameters())
