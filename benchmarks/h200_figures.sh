@@ -17,11 +17,19 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 mkdir -p "$out"
 cd "$repo" || exit 1
 
+# Several copies may run at once (FIGURES_WORK apart, accuracy-only runs sharing one GPU): the installs below take
+# turns on one lock, so none reads a half-unpacked directory, and a wheel set is installed once (a reinstall would
+# rewrite files a running copy imports).
+exec 9>/tmp/h200_figures.lock && flock 9
 wheels=(.whl/*.whl)
 [[ " ${stages[*]} " == *" trl "* || " ${stages[*]} " == *" trl-curve "* ]] && wheels+=(.carry/trl/*.whl)
 if compgen -G ".whl/*.whl" >/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-        "${wheels[@]}" || exit 1
+    installed="/tmp/site/.installed-$(ls "${wheels[@]}" | md5sum | cut -c1-12)"
+    if [ ! -f "$installed" ]; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+            "${wheels[@]}" || exit 1
+        touch "$installed"
+    fi
     export PYTHONPATH="/tmp/site:$repo${PYTHONPATH:+:$PYTHONPATH}"
 else
     export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
@@ -49,6 +57,7 @@ if compgen -G "/tmp/sp/smollm2.tar.part*" >/dev/null; then
     fi
     export PYTHONPATH="$PYTHONPATH:/tmp/ssite:/tmp/smollm2"
 fi
+flock -u 9
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >"$out/device.txt" 2>&1
 
 stage() {  # stage NAME SECONDS COMMAND...
@@ -62,7 +71,7 @@ stage() {  # stage NAME SECONDS COMMAND...
     tail -n 5 "$out/$name.log"
 }
 
-work=/tmp/h200_figures
+work="${FIGURES_WORK:-/tmp/h200_figures}"
 rm -rf "$work" && mkdir -p "$work"
 for s in "${stages[@]}"; do
     case "$s" in
