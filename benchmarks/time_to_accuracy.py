@@ -57,7 +57,8 @@ def summarize(runs: list[dict], out: Path, threshold: float) -> dict:
                 continue
             points = curve(side, step_times(out / f"{name}_s{run['seed']}", side, name))
             entry = frameworks.setdefault(name, {"framework": side.get("framework", name), "seeds": {}})
-            entry["seeds"][run["seed"]] = {"curve": points, "reached": first_reaching(points, threshold)}
+            entry["seeds"][run["seed"]] = {"curve": points, "reached": first_reaching(points, threshold),
+                                           "shared_gpu": bool(side.get("shared_gpu"))}
     for entry in frameworks.values():
         by_step: dict[int, list[float]] = {}
         for seed in entry["seeds"].values():
@@ -68,17 +69,24 @@ def summarize(runs: list[dict], out: Path, threshold: float) -> dict:
     return {"threshold": threshold, "frameworks": frameworks}
 
 
+SHARED_NOTE = (" 'GPU shared': that run shared its GPU with others (benchmarks.merge_curves @shared): its seconds"
+               " are not a solo run's.")
+
+
 def markdown(summary: dict, meta: dict) -> str:
     t = summary["threshold"]
     lines = [f"# Time to held-out accuracy {t}, {meta.get('device', '?')}, {meta.get('date', '?')}, "
              f"commit {meta.get('commit', '?')}", "",
              "Training wall time excludes evaluation and start-up on both sides. 'not reached' = no evaluation "
-             "of that run got there.", "",
+             "of that run got there." + (SHARED_NOTE if _any_shared(summary) else ""),
+             *([f"Sources: {'; '.join(meta['sources'])}."] if meta.get("sources") else []), "",
              f"| framework | seed | samples to {t} | train seconds to {t} | final accuracy |", "|---|---|---|---|---|"]
     for name, entry in summary["frameworks"].items():
         for seed, s in sorted(entry["seeds"].items()):
             hit, last = s["reached"], s["curve"][-1]["accuracy"] if s["curve"] else float("nan")
-            reached = (f"{hit['samples']:,} | {hit['train_seconds']:.0f}" if hit else "not reached | not reached")
+            shared = " (GPU shared)" if s.get("shared_gpu") else ""
+            reached = (f"{hit['samples']:,} | {hit['train_seconds']:.0f}{shared}" if hit
+                       else "not reached | not reached")
             lines.append(f"| {name} | {seed} | {reached} | {last:.3f} |")
     lines += ["", "Accuracy at equal samples (mean over seeds, [min, max]):", "",
               "| framework | " + " | ".join(f"step {s}" for s in _steps(summary)) + " |",
@@ -88,6 +96,10 @@ def markdown(summary: dict, meta: dict) -> str:
                  for s in _steps(summary)]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _any_shared(summary: dict) -> bool:
+    return any(s.get("shared_gpu") for e in summary["frameworks"].values() for s in e["seeds"].values())
 
 
 def _steps(summary: dict) -> list[int]:
