@@ -126,7 +126,7 @@ def build_checkpoint(experiment: str, model_dir: Path, seed: int, weights: bool 
 
     shape = resolve_experiment(experiment, model_overrides(model)).model
     if weights and not any(model_dir.glob("*.safetensors")):
-        random_hf_checkpoint(shape, model_dir, seed)
+        random_hf_checkpoint(shape, model_dir, seed, dtype="fp32")  # TRL's side trains from the fp32 weights
     elif not weights:
         transformers.LlamaConfig(
             hidden_size=shape.hidden_size, intermediate_size=shape.intermediate_size,

@@ -16,7 +16,10 @@ conservative peak (the end-of-run checkpoint is written while the offloaded stat
   rollout      the rank's rollout shard when its engine moves its weights to host memory while sleeping
                (the record's weights_on_host_while_sleeping: vLLM at `rollout.sleep_level=1`; level 2 and the
                native engine keep nothing there).
-  checkpoint   the larger of the two writes (they never overlap):
+  checkpoint   the largest of the writes (they never overlap):
+               - with no `model.path` (a random stand-in of the configured shape), global rank 0 first builds the
+                 whole model in `model.dtype` in host memory and saves it (hybridflow.trainer.model_files; a
+                 critic or reward model of its own shape with no path too, one after another);
                - the final HF export (`final_hf/`, always): TP rank 0 of each actor stage on DP replica 0
                  gathers the stage's full weights and safetensors' `save_file` serialises them in host memory;
                - after the last step (unless `trainer.save_last=false`) and every `trainer.save_every` steps,
@@ -107,7 +110,16 @@ def rank_host_memory(cfg: ExperimentConfig, meshes: Mapping[str, RoleMesh], rank
             dist_ckpt += weights + math.ceil(on_gpu)
         if role == Role.ACTOR and dp_rank == 0 and tp_rank == 0:
             hf_export = stage_params(model, role, 1, mesh.pp, stage) * DTYPE_BYTES[model.dtype]
-    return HostMemoryEstimate(int(processes), optimizer, rollout, max(dist_ckpt, hf_export), hf_load)
+    init = random_init_bytes(cfg, meshes) if rank == 0 else 0
+    return HostMemoryEstimate(int(processes), optimizer, rollout, max(dist_ckpt, hf_export, init), hf_load)
+
+
+def random_init_bytes(cfg: ExperimentConfig, roles: Mapping[str, RoleMesh]) -> int:
+    """Host bytes of the largest random stand-in checkpoint global rank 0 builds for `roles` (a causal LM of
+    each pathless model's shape, module docstring)."""
+    models = [cfg.role_model(role) for role in roles if role_record(role).holds_model]
+    return max((stage_params(m, Role.ACTOR, 1, 1, 0) * DTYPE_BYTES[m.dtype] for m in models if not m.path),
+               default=0)
 
 
 def node_host_memory(

@@ -18,13 +18,16 @@ import torch.distributed as dist
 import transformers
 
 from hybridflow.config import ExperimentConfig, ModelConfig
+from hybridflow.config.model import torch_dtype
 from hybridflow.data import build_char_tokenizer
 from hybridflow.data.vocabulary import char_alphabet
 from hybridflow.role_records import model_roles, role_record
 
 
-def random_hf_checkpoint(model: ModelConfig, out_dir: Path, seed: int) -> None:
-    """Save a randomly initialised HF causal LM of `model`'s shape to `out_dir` (fp32)."""
+def random_hf_checkpoint(model: ModelConfig, out_dir: Path, seed: int, dtype: str | None = None) -> None:
+    """Save a randomly initialised HF causal LM of `model`'s shape to `out_dir`, in `dtype` (default: the
+    model's own, which every role loads it in: an 8B stand-in in fp32 held 30 GiB of host memory on rank 0 that
+    the plan did not count; hybridflow.placement.host_memory counts this write)."""
     fields = dict(
         hidden_size=model.hidden_size, intermediate_size=model.intermediate_size,
         num_hidden_layers=model.num_hidden_layers, num_attention_heads=model.num_attention_heads,
@@ -38,7 +41,8 @@ def random_hf_checkpoint(model: ModelConfig, out_dir: Path, seed: int) -> None:
     family = model.family
     config = transformers.AutoConfig.for_model(family.model_type, architectures=[family.causal_lm], **fields)
     torch.manual_seed(seed)
-    transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(out_dir)
+    model_cls = transformers.AutoModelForCausalLM
+    model_cls.from_config(config, dtype=torch_dtype(dtype or model.dtype)).save_pretrained(out_dir)
 
 
 def role_model_dirs(cfg: ExperimentConfig, work_dir: Path, hf_dir: str) -> dict[str, str]:

@@ -116,7 +116,7 @@ def test_trl_side_runs_on_cpu_when_trl_is_installed(tmp_path):
 
     model_dir = tmp_path / "model"
     random_hf_checkpoint(ModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                                     num_key_value_heads=1, vocab_size=128), model_dir, 1)
+                                     num_key_value_heads=1, vocab_size=128), model_dir, 1, dtype="fp32")
     build_char_tokenizer(model_dir)
     work = _work(model_dir=str(model_dir), prompts=2, samples_per_prompt=2, response_length=4, mini_batch_size=4,
                  micro_batch_size=2, ppo_epochs=1, warmup_steps=1, steps=1, trl_generation="hf")  # no vLLM on CPU

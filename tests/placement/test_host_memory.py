@@ -100,3 +100,24 @@ def test_auto_search_honours_the_headroom():
     # a headroom that leaves less than any role needs: the search finds nothing rather than overfilling
     with pytest.raises(UserError, match=r"^placement: no placement"):
         plan_placement(load_experiment("ppo_llama3_8b", ["placement=auto", "cluster.gpu_memory_headroom_gib=75"]))
+
+
+def test_the_random_stand_in_is_rank_0_host_memory_and_a_real_checkpoint_is_not():
+    # With no model.path, global rank 0 builds the whole random model (model.dtype) in host memory before anything
+    # else (trainer/model_files.py): at PP 2 that is more than its stage's final export, which was all that
+    # rank's checkpoint part counted (an 8B stand-in in fp32 peaked at 34.5 GiB RSS on the H100 against a
+    # planned 23.9 GiB, benchmarks/results/lora8b_h100_20261206).
+    from dataclasses import replace
+
+    from hybridflow.placement.host_memory import random_init_bytes, rank_host_memory
+
+    cfg = load_experiment("tiny_cpu", ["roles.actor.parallel.tp=1", "roles.actor.parallel.pp=2",
+                                       "roles.rollout.parallel.tp=1", "trainer.save_last=false"])
+    meshes = plan_placement(cfg).meshes
+    whole = stage_params(cfg.model, "actor", 1, 1, 0) * 4  # fp32 (tiny_llama's dtype)
+    assert whole > stage_params(cfg.model, "actor", 1, 2, 0) * 4
+    assert random_init_bytes(cfg, meshes) == whole
+    assert rank_host_memory(cfg, meshes, 0).checkpoint == whole
+    assert rank_host_memory(cfg, meshes, 1).checkpoint < whole  # only rank 0 builds it
+    with_path = replace(cfg, model=replace(cfg.model, path="/ckpt"))
+    assert random_init_bytes(with_path, meshes) == 0
