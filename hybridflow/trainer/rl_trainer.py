@@ -167,7 +167,12 @@ class RLTrainer(RLStep):
             **{f"time/{k}": v for k, v in timer.seconds.items()},
         }
         if torch.cuda.is_available():
-            out["peak_memory_gib"] = torch.cuda.max_memory_allocated() / GIB
+            # torch's tensors, what its caching allocator holds, and the device as the driver sees it (CUDA
+            # context, NCCL, any other process): the plan's estimate is of the first; its headroom covers the rest
+            free, total = torch.cuda.mem_get_info()
+            out |= {"peak_memory_gib": torch.cuda.max_memory_allocated() / GIB,
+                    "peak_reserved_gib": torch.cuda.max_memory_reserved() / GIB,
+                    "device_used_gib": (total - free) / GIB}
         return out
 
 

@@ -21,6 +21,7 @@ def test_ppo_on_one_gpu_then_resume(tmp_path):
     first = rl_records(tmp_path)
     assert [r["step"] for r in first] == [1, 2]
     assert all(r["peak_memory_gib"] > 0 for r in first)
+    assert all(r["peak_reserved_gib"] >= r["peak_memory_gib"] and r["device_used_gib"] > 0 for r in first)
     assert all(r["parity/max_abs"] < 0.1 for r in first)  # bf16 on both sides of the gate
     assert (tmp_path / "final_hf" / "config.json").exists()
 
