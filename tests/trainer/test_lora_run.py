@@ -51,3 +51,13 @@ def test_lora_run_syncs_checkpoints_resumes_and_exports(tmp_path):
     torch.testing.assert_close(via_peft, via_merged, rtol=1e-4, atol=1e-4)
     with adapted.disable_adapter(), torch.no_grad():
         assert (adapted(ids).logits - via_merged).abs().max() > 1e-3  # the adapters did train
+
+
+def test_merged_sync_to_the_native_engine_runs_within_the_parity_gate(tmp_path):
+    # roles.actor.lora.sync=merged: the native engine keeps a model of its own and every sync writes W + s B A into
+    # it through the bridge (the other choice the next GPU lease times against adapters); fp32, so the merged
+    # weights' log-probs stay within the gate's 1e-4 of the trainer's unmerged W x + s B A x
+    run(tmp_path, *COMMON, "trainer.total_steps=2", "trainer.save_every=0", "roles.actor.lora.sync=merged")
+    records = rl_records(tmp_path)
+    assert [r["step"] for r in records] == [1, 2]
+    assert all(0 < r["parity/max_abs"] <= 1e-4 for r in records)
