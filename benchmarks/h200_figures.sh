@@ -71,6 +71,23 @@ stage() {  # stage NAME SECONDS COMMAND...
     tail -n 5 "$out/$name.log"
 }
 
+grpo8b() {  # grpo8b NAME SECONDS STEPS OVERRIDE...: the offload8b / lora8b case (Llama-3-8B GRPO on one GPU, no
+    # critic, 16 prompts x 4 samples of 512 tokens) with OVERRIDEs: peak host RSS from /usr/bin/time, GPU memory
+    # sampled by nvidia-smi every 2 s (its peak printed), step times in the run's metrics.
+    local name="$1" limit="$2" steps="$3"
+    shift 3
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -l 2 >"$out/${name}_gpu_mib.txt" 2>&1 &
+    local smi=$!
+    stage "$name" "$limit" /usr/bin/time -v python3 -m hybridflow.run +experiment=ppo_llama_1b_h200 \
+        model=llama3_8b algorithm=grpo roles.critic.enabled=false rollout.n_samples_per_prompt=4 \
+        data.train_batch_size=16 rollout.max_new_tokens=512 data.seq_length=1536 trainer.total_steps="$steps" \
+        trainer.save_last=false trainer.output_dir="$work/$name" "$@"
+    kill "$smi" 2>/dev/null
+    grep -E "Maximum resident|Elapsed" "$out/$name.log"
+    sort -n "$out/${name}_gpu_mib.txt" | tail -1 | sed 's/^/peak GPU MiB (nvidia-smi): /'
+    rm -rf "$work/$name"/init_model "$work/$name"/checkpoints "$work/$name"/final_hf
+}
+
 work="${FIGURES_WORK:-/tmp/h200_figures}"
 rm -rf "$work" && mkdir -p "$work"
 for s in "${stages[@]}"; do
@@ -147,36 +164,18 @@ for s in "${stages[@]}"; do
             --exclude='final_hf' --exclude='tensorboard' --exclude='*.safetensors' "$(basename "$curve_dir")" ;;
     offload8b)
         # Llama-3-8B GRPO on one H200 with the optimizer partly offloaded (the planner picks the fraction that fits
-        # GPU and host memory): peak host RSS from /usr/bin/time, GPU memory sampled by nvidia-smi every 2 s.
-        nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -l 2 >"$out/offload8b_gpu_mib.txt" 2>&1 &
-        smi=$!
+        # GPU and host memory).
         # shellcheck disable=SC2086  # OFFLOAD8B_ARGS is a list of overrides
-        stage offload8b "${OFFLOAD8B_S:-560}" /usr/bin/time -v python3 -m hybridflow.run +experiment=ppo_llama_1b_h200 \
-            model=llama3_8b algorithm=grpo roles.critic.enabled=false rollout.n_samples_per_prompt=4 \
-            data.train_batch_size=16 roles.actor.offload_optimizer=true rollout.max_new_tokens=512 data.seq_length=1536 \
-            trainer.total_steps="${OFFLOAD8B_STEPS:-3}" trainer.save_last=false trainer.output_dir="$work/offload8b" \
-            ${OFFLOAD8B_ARGS:-}
-        kill "$smi" 2>/dev/null
-        grep -E "Maximum resident|Elapsed" "$out/offload8b.log"
-        rm -rf "$work"/offload8b/init_model "$work"/offload8b/checkpoints "$work"/offload8b/final_hf ;;
+        grpo8b offload8b "${OFFLOAD8B_S:-560}" "${OFFLOAD8B_STEPS:-3}" roles.actor.offload_optimizer=true \
+            ${OFFLOAD8B_ARGS:-} ;;
     lora8b)
         # Llama-3-8B GRPO with LoRA (rank 32 on every linear, lr 10x full fine-tuning's) on one 80 GB GPU (planned as
         # an H100's 80 GB on an H200 too): no offloading, micro-batches of one row so the activations stay small
-        # (python -m hybridflow.plan prints 40.7 GiB; full fine-tuning at these settings is refused at 173.9). Peak
-        # host RSS from /usr/bin/time, GPU memory sampled by nvidia-smi every 2 s, step times in the run's metrics.
-        nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -l 2 >"$out/lora8b_gpu_mib.txt" 2>&1 &
-        smi=$!
+        # (python -m hybridflow.plan prints 40.7 GiB; full fine-tuning at these settings is refused at 173.9).
         # shellcheck disable=SC2086  # LORA8B_ARGS is a list of overrides
-        stage lora8b "${LORA8B_S:-560}" /usr/bin/time -v python3 -m hybridflow.run +experiment=ppo_llama_1b_h200 \
-            model=llama3_8b algorithm=grpo roles.critic.enabled=false rollout.n_samples_per_prompt=4 \
-            data.train_batch_size=16 rollout.max_new_tokens=512 data.seq_length=1536 roles.actor.lora.rank=32 \
-            roles.actor.lora.alpha=32 trainer.lr=1.0e-5 roles.actor.micro_batch_size=1 roles.actor.update_max_tokens=0 \
-            roles.actor.forward_max_tokens=0 cluster.gpu_type=H100 trainer.total_steps="${LORA8B_STEPS:-3}" \
-            trainer.save_last=false trainer.output_dir="$work/lora8b" ${LORA8B_ARGS:-}
-        kill "$smi" 2>/dev/null
-        grep -E "Maximum resident|Elapsed" "$out/lora8b.log"
-        sort -n "$out/lora8b_gpu_mib.txt" | tail -1 | sed 's/^/peak GPU MiB (nvidia-smi): /'
-        rm -rf "$work"/lora8b/init_model "$work"/lora8b/checkpoints "$work"/lora8b/final_hf ;;
+        grpo8b lora8b "${LORA8B_S:-560}" "${LORA8B_STEPS:-3}" roles.actor.lora.rank=32 roles.actor.lora.alpha=32 \
+            trainer.lr=1.0e-5 roles.actor.micro_batch_size=1 roles.actor.update_max_tokens=0 \
+            roles.actor.forward_max_tokens=0 cluster.gpu_type=H100 ${LORA8B_ARGS:-} ;;
     tools)
         # SmolLM2-135M-Instruct on builtin:calc_word_problems (needs the smollm2 pieces, as the smollm2 stage).
         # TOOLS_PARTS picks the parts (a device call is limited to 10 minutes: one or two parts per call); they
