@@ -53,13 +53,15 @@ def parse_source(spec: str) -> Source:
 def merge(sources: list[Source], out: Path) -> dict:
     """OUT/compare.json ({"meta", "runs"}) from `sources`, one run per seed holding every label of that seed."""
     runs: dict[int, dict] = {}
-    metas = []
+    metas, devices = [], []
     for src in sources:
         compare = src.dir / "compare.json"
         if not compare.is_file():
             raise UserError(f"{compare}: not found; each DIR must be a benchmarks.trl_curve --out directory")
         data = json.loads(compare.read_text())
-        metas.append(f"{src.label}: {data.get('meta', {}).get('commit', '?')} {data.get('meta', {}).get('date', '?')}")
+        meta = data.get("meta", {})
+        metas.append(f"{src.label}: {meta.get('commit', '?')} {meta.get('date', '?')}")
+        devices.append(meta.get("device", "?"))
         found = [r for r in data["runs"] if src.side in r and (src.seeds is None or r["seed"] in src.seeds)]
         if not found:
             raise UserError(f"{compare}: no {src.side} run{'' if src.seeds is None else f' of seeds {src.seeds}'}")
@@ -73,7 +75,7 @@ def merge(sources: list[Source], out: Path) -> dict:
             if metrics.is_file():
                 (out / f"{src.label}_s{seed}").mkdir(parents=True, exist_ok=True)
                 shutil.copy(metrics, out / f"{src.label}_s{seed}" / "metrics.jsonl")
-    merged = {"meta": {"sources": metas, "device": data.get("meta", {}).get("device", "?"),
+    merged = {"meta": {"sources": metas, "device": " / ".join(dict.fromkeys(devices)),
                        "date": "merged", "commit": "see sources"},
               "runs": [runs[s] for s in sorted(runs)]}
     (out / "compare.json").write_text(json.dumps(merged, indent=2))

@@ -41,8 +41,8 @@ def random_hf_checkpoint(model: ModelConfig, out_dir: Path, seed: int, dtype: st
     family = model.family
     config = transformers.AutoConfig.for_model(family.model_type, architectures=[family.causal_lm], **fields)
     torch.manual_seed(seed)
-    model_cls = transformers.AutoModelForCausalLM
-    model_cls.from_config(config, dtype=torch_dtype(dtype or model.dtype)).save_pretrained(out_dir)
+    weights_dtype = torch_dtype(dtype or model.dtype)
+    transformers.AutoModelForCausalLM.from_config(config, dtype=weights_dtype).save_pretrained(out_dir)
 
 
 def role_model_dirs(cfg: ExperimentConfig, work_dir: Path, hf_dir: str) -> dict[str, str]:
