@@ -2,7 +2,7 @@
 # The single-GPU figures of benchmarks/README.md, in one go on a GPU machine that has torch + transformers.
 #   benchmarks/h200_figures.sh OUT_DIR [STAGE ...]      stages: gpu-tests decode throughput trl calibrate
 #                                                       vllm-generate packing smollm2 smollm2-vllm trl-curve
-#                                                       offload8b lora8b tools
+#                                                       offload8b lora8b tools runs
 #   (default: the first four; calibrate = the cost model's MFU and decode figures at the Llama-3-8B shape)
 # Pure-Python dependencies the machine lacks (megatron-core, hydra-core, omegaconf, antlr4; trl, datasets, dill,
 # multiprocess for the trl stage) are installed from wheels in .whl/ (and .carry/trl/) when present.
@@ -176,6 +176,16 @@ for s in "${stages[@]}"; do
         grpo8b lora8b "${LORA8B_S:-560}" "${LORA8B_STEPS:-3}" roles.actor.lora.rank=32 roles.actor.lora.alpha=32 \
             trainer.lr=1.0e-5 roles.actor.micro_batch_size=1 roles.actor.update_max_tokens=0 \
             roles.actor.forward_max_tokens=0 cluster.gpu_type=H100 ${LORA8B_ARGS:-} ;;
+    runs)
+        # Plain `hybridflow.run`s, one after another (solo: their step times count), one per line of RUNS:
+        # "NAME OVERRIDE...". Each writes $work/NAME (metrics.jsonl, run log), archived in results.tar.gz.
+        while read -r name overrides; do
+            [ -n "$name" ] || continue
+            # shellcheck disable=SC2086  # overrides is a list
+            stage "run-$name" "${RUN_S:-300}" python3 -m hybridflow.run $overrides trainer.save_every=0 \
+                trainer.save_last=false trainer.output_dir="$work/$name"
+            rm -rf "$work/$name"/init_model "$work/$name"/checkpoints "$work/$name"/final_hf
+        done <<<"${RUNS:-}" ;;
     tools)
         # SmolLM2-135M-Instruct on builtin:calc_word_problems (needs the smollm2 pieces, as the smollm2 stage).
         # TOOLS_PARTS picks the parts (a device call is limited to 10 minutes: one or two parts per call); they
@@ -215,7 +225,7 @@ for s in "${stages[@]}"; do
         tar -czf "$out/tools.tar.gz" -C "$(dirname "$tools_dir")" --exclude='checkpoints' --exclude='final_hf' \
             --exclude='tensorboard' --exclude='*.safetensors' --exclude='init_model' "$(basename "$tools_dir")" ;;
     *) echo "unknown stage $s (use gpu-tests, decode, throughput, trl, calibrate, vllm-generate, packing, smollm2," \
-        "smollm2-vllm, trl-curve, offload8b, lora8b, tools)" >&2 ;;
+        "smollm2-vllm, trl-curve, offload8b, lora8b, tools, runs)" >&2 ;;
     esac
 done
 # Everything small the stages wrote (tables, JSON, PNG, metrics, logs) in one archive.
