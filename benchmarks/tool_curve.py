@@ -55,13 +55,15 @@ def plot_tools(curves: dict[str, dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (acc, calls) = plt.subplots(1, 2, figsize=(10, 4))
-    for label, c in curves.items():
+    for i, (label, c) in enumerate(curves.items()):
+        color = f"C{i}"  # one colour per run in both panels (runs without the tool have no right-hand curve)
         if c["val_accuracy"]:
-            acc.plot(*zip(*c["val_accuracy"], strict=True), "-o", label=label)
+            acc.plot(*zip(*c["val_accuracy"], strict=True), "-o", color=color, label=label)
         if c["val_tool_calls"]:
-            calls.plot(*zip(*c["val_tool_calls"], strict=True), "-o", label=f"{label} (held-out, greedy)")
+            calls.plot(*zip(*c["val_tool_calls"], strict=True), "-o", color=color,
+                       label=f"{label} (held-out, greedy)")
         if c["tool_calls"]:
-            calls.plot(*zip(*c["tool_calls"], strict=True), ":", label=f"{label} (training samples)")
+            calls.plot(*zip(*c["tool_calls"], strict=True), ":", color=color, label=f"{label} (training samples)")
     acc.set(xlabel="RL step", ylabel="held-out accuracy (greedy)")
     calls.set(xlabel="RL step", ylabel="share of trajectories calling the tool", ylim=(0, 1.05))
     for ax in (acc, calls):
