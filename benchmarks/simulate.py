@@ -42,6 +42,7 @@ def hybridflow_setup(size: str, gpus: int) -> ExperimentConfig:
     cfg.data.max_prompt_length, cfg.data.seq_length, cfg.data.train_batch_size = 1024, 2048, 1024
     cfg.algorithm.mini_batch_size = 256
     cfg.roles.reward.enabled, cfg.reward.use_model, cfg.reward.fn = True, True, None
+    cfg.trainer.parity_max_abs = 2.0  # a gate for a bf16 engine, as the vLLM experiments set
     return finalize_experiment(cfg)
 
 

@@ -33,7 +33,9 @@ class MegatronEngine:
         replicates_kv_heads=False,  # megatron needs whole query groups per TP rank
         # its log-probs are a by-product of sampling, so the parity gate runs every step
         logprobs_free=True, parity_every=1, separate_process=False,
-        adapter_sync=("adapters", "merged")))  # its model can be built with the actor's adapter spec
+        # adapters first: the engine runs the actor's own adapter modules, so its log-probs stay the trainer's (one
+        # H100, 135M: parity 2.4e-6; merged W + sBA decodes 14 % faster but rounds to 0.035 mean in bf16)
+        adapter_sync=("adapters", "merged"), trainer_kernels=True))
 
     def kv_cache_bytes(self, gpu_memory_utilization: float, gpu_memory_gib: float, weights: int,
                        batch_kv: int) -> int:

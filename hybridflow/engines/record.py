@@ -47,6 +47,9 @@ class EngineTraits:
     package: the distribution it needs beyond hybridflow's own (None: nothing extra).
     adapter_sync: how it can be given an actor's LoRA adapters (roles.actor.lora.sync), its default first:
         "merged" (W + s B A through the bridge every sync) and/or "adapters" (the base once, then the adapters).
+    trainer_kernels: it samples from the trainer's own modules, so its log-probs are the actor's computation
+        (to ~1e-6 in bf16) unless merged adapters round W + s B A first; otherwise its kernels differ from the
+        trainer's and in bf16 they part by 0.1-0.9 at some token (`hybridflow.config.experiment.check_parity_gate`).
     """
 
     gpu_only: bool
@@ -59,6 +62,7 @@ class EngineTraits:
     separate_process: bool
     package: PackageRequirement | None = None
     adapter_sync: tuple[str, ...] = ("merged",)
+    trainer_kernels: bool = False
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hybridflow.config.experiment import ExperimentConfig, with_engine
+from hybridflow.config.experiment import ExperimentConfig, check_parity_gate, with_engine
 from hybridflow.engines import engine_names
 from hybridflow.errors import UserError
 from hybridflow.placement.auto import Explanation, search_placement
@@ -68,6 +68,7 @@ def choose_engine(cfg: ExperimentConfig) -> EngineChoice:
                 plan, explanation = build_plan(candidate, resolve_resources(candidate)), None
                 predicted = plan_candidate(candidate, plan)
                 total, stages = predicted.total, dict(predicted.stage_times)
+            check_parity_gate(candidate)  # after planning: an engine that cannot run here says that first
         except UserError as err:
             refused[name] = str(err)
             continue

@@ -32,6 +32,7 @@ def paper_config(size: str, gpus: int, engine: str = "vllm") -> ExperimentConfig
     cfg.roles.reward.enabled = True
     cfg.reward.use_model = True
     cfg.reward.fn = None
+    cfg.trainer.parity_max_abs = 2.0  # a gate for a bf16 engine, as the vLLM experiments set
     return finalize_experiment(cfg)
 
 
