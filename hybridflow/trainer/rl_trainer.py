@@ -41,9 +41,9 @@ from hybridflow.roles.model_role import ModelRole
 from hybridflow.roles.rollout_role import RolloutRole
 from hybridflow.token_kinds import observation_share
 from hybridflow.trainer.dynamic_sampling import fill_batch
+from hybridflow.trainer.metrics import device_memory_gib
 from hybridflow.trainer.rl_step import RLStep, StageTimer
 from hybridflow.trainer.scorer import Scorer
-from hybridflow.units import GIB
 
 # Training width is rounded up to this many columns: divisible by any TP degree (sequence parallelism
 # splits the sequence over TP) and a friendly size for the kernels.
@@ -166,14 +166,7 @@ class RLTrainer(RLStep):
             "step_time_s": step_time, **_from_every_rank(metrics),
             **{f"time/{k}": v for k, v in timer.seconds.items()},
         }
-        if torch.cuda.is_available():
-            # torch's tensors, what its caching allocator holds, and the device as the driver sees it (CUDA
-            # context, NCCL, any other process): the plan's estimate is of the first; its headroom covers the rest
-            free, total = torch.cuda.mem_get_info()
-            out |= {"peak_memory_gib": torch.cuda.max_memory_allocated() / GIB,
-                    "peak_reserved_gib": torch.cuda.max_memory_reserved() / GIB,
-                    "device_used_gib": (total - free) / GIB}
-        return out
+        return out | device_memory_gib()
 
 
 def _from_every_rank(role_metrics: dict[str, float]) -> dict[str, float]:
