@@ -17,6 +17,7 @@ TIGHT = "trainer.parity_max_abs=1e-4"
 @pytest.mark.parametrize("overrides, why", [
     (["rollout=vllm"], "its own kernels"),
     (["roles.actor.lora.rank=8", "roles.actor.lora.sync=merged"], "merged LoRA weights"),
+    (["rollout.dtype=fp32"], "a fp32 copy of the bf16 actor"),
 ])
 def test_a_gate_for_exact_logprobs_is_refused_where_the_engine_cannot_meet_it(overrides, why):
     with pytest.raises(UserError, match=rf"^trainer.parity_max_abs: 0.0001 .*{why}.* set trainer.parity_max_abs="):
