@@ -166,7 +166,9 @@ class LoraColumnParallelLinear(LoraAdapted, ColumnParallelLinear):
         hidden = copy_to_tensor_model_parallel_region(hidden, group=self.tp_group)
         rank = self.lora_settings.rank
         parts = [F.linear(h, b) for h, b in zip(hidden.split(rank, dim=-1), self.lora_b, strict=True)]
-        return output + self.lora_settings.scaling * interleave_parts(parts, self.groups, dim=-1), bias
+        # one kernel for the scale and the sum (and none for the scale's gradient at alpha = rank): at 135M the
+        # adapters' small kernels, not their FLOPs, slowed the step (benchmarks/README.md, stop 47)
+        return torch.add(output, interleave_parts(parts, self.groups, dim=-1), alpha=self.lora_settings.scaling), bias
 
     def delta_weight(self) -> torch.Tensor:
         a_parts = self.lora_a.split(self.lora_settings.rank, dim=0)
@@ -199,7 +201,7 @@ class LoraRowParallelLinear(LoraAdapted, RowParallelLinear):
                 input_ = self.lora_dropout(input_)
         hidden = F.linear(input_, self.lora_a)
         hidden = reduce_from_tensor_model_parallel_region(hidden, group=self.tp_group)
-        return output + self.lora_settings.scaling * F.linear(hidden, self.lora_b[0]), bias
+        return torch.add(output, F.linear(hidden, self.lora_b[0]), alpha=self.lora_settings.scaling), bias
 
     def delta_weight(self) -> torch.Tensor:
         return self.lora_settings.scaling * (self.lora_b[0] @ self.lora_a)
