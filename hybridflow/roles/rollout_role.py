@@ -73,7 +73,6 @@ class RolloutRole:
     # The engine's record trait: colocated at the actor's layout it can read the actor's tensors in place
     # (`_share`), as the planner counts it (placement.memory.rollout_shares_actor_weights).
     shares_actor_weights: bool = False
-    weights_shared: bool = False  # the engine reads the actor's tensors now (its own copy is gone)
 
     def generate(self, batch: StepBatch, logprobs: bool = False) -> None:
         """Sample responses for this replica's rows and share tokens, token kinds (and log-probs, if asked for)
@@ -191,15 +190,8 @@ class RolloutRole:
         if not self.shares_actor_weights or self.engine is None or not src:
             return False
         plan = self.bridge.plan
-        shared = (plan.colocated and plan.gen.tp == plan.train.tp and plan.train.pp == 1
-                  and self.engine.share_weights(src))
-        if shared and not self.weights_shared and torch.cuda.is_available():
-            # The engine's own copy, built with it and dropped just now, would stay in torch's cache, where the
-            # KV cache and activations cannot reuse its per-tensor blocks: 15 GiB at 8B, which put the 8B LoRA
-            # step 14 GiB above what it allocated (benchmarks/results/lora8b_h100_20261206). Once per run.
-            torch.cuda.empty_cache()
-        self.weights_shared |= shared
-        return shared
+        return (plan.colocated and plan.gen.tp == plan.train.tp and plan.train.pp == 1
+                and self.engine.share_weights(src))
 
     def _track(self, key: str, call, sign: float = -1.0) -> None:
         """Run `call` and record in `memory[key]` how much free device memory it gave (+) or took (-1 x)."""
