@@ -71,6 +71,11 @@ stage() {  # stage NAME SECONDS COMMAND...
     tail -n 5 "$out/$name.log"
 }
 
+drop_weights() {  # drop_weights RUN_DIR...: a run's model files (stand-in, checkpoints, HF export), too big to keep
+    local dir
+    for dir in "$@"; do rm -rf "$dir"/init_model "$dir"/checkpoints "$dir"/final_hf; done
+}
+
 grpo8b() {  # grpo8b NAME SECONDS STEPS OVERRIDE...: the offload8b / lora8b case (Llama-3-8B GRPO on one GPU, no
     # critic, 16 prompts x 4 samples of 512 tokens) with OVERRIDEs: peak host RSS from /usr/bin/time, GPU memory
     # sampled by nvidia-smi every 2 s (its peak printed), step times in the run's metrics.
@@ -85,7 +90,7 @@ grpo8b() {  # grpo8b NAME SECONDS STEPS OVERRIDE...: the offload8b / lora8b case
     kill "$smi" 2>/dev/null
     grep -E "Maximum resident|Elapsed" "$out/$name.log"
     sort -n "$out/${name}_gpu_mib.txt" | tail -1 | sed 's/^/peak GPU MiB (nvidia-smi): /'
-    rm -rf "$work/$name"/init_model "$work/$name"/checkpoints "$work/$name"/final_hf
+    drop_weights "$work/$name"
 }
 
 work="${FIGURES_WORK:-/tmp/h200_figures}"
@@ -108,14 +113,14 @@ for s in "${stages[@]}"; do
         stage throughput "${THROUGHPUT_S:-330}" python3 -m benchmarks.throughput +experiment=ppo_llama_1b_h200 \
             --placements "${PLACEMENTS:-colocated}" --warmup-steps 1 --steps 3 --out "$work/throughput" \
             ${THROUGHPUT_ARGS:-}
-        rm -rf "$work"/throughput/*/checkpoints "$work"/throughput/*/final_hf "$work"/throughput/*/init_model ;;
+        drop_weights "$work"/throughput/*/ ;;
     trl)
         # TRL_OUT outside $work (say /tmp/race3b) outlives this call while the machine stays warm: a later call
         # with `--sides trl` (or another engine) adds to the same compare.json and reuses its checkpoint.
         race="${TRL_OUT:-$work/trl}"
         # shellcheck disable=SC2086  # TRL_ARGS is a list of flags
         stage "trl-$(basename "$race")" "${TRL_S:-420}" python3 -m benchmarks.trl_compare --out "$race" ${TRL_ARGS:-}
-        rm -rf "$race"/hybridflow/*/checkpoints "$race"/hybridflow/*/final_hf "$race"/hybridflow/*/init_model
+        drop_weights "$race"/hybridflow/*/
         [ -n "${TRL_OUT:-}" ] || rm -rf "$race/model"
         tar -czf "$out/$(basename "$race").tar.gz" -C "$(dirname "$race")" --exclude='model' --exclude='*.json.gz' \
             --exclude='*.safetensors' --exclude='*.distcp' --exclude='tensorboard' --exclude='trl_output' \
@@ -184,7 +189,7 @@ for s in "${stages[@]}"; do
             # shellcheck disable=SC2086  # overrides is a list
             stage "run-$name" "${RUN_S:-300}" python3 -m hybridflow.run $overrides trainer.save_every=0 \
                 trainer.save_last=false trainer.output_dir="$work/$name"
-            rm -rf "$work/$name"/init_model "$work/$name"/checkpoints "$work/$name"/final_hf
+            drop_weights "$work/$name"
         done <<<"${RUNS:-}" ;;
     tools)
         # SmolLM2-135M-Instruct on builtin:calc_word_problems (needs the smollm2 pieces, as the smollm2 stage).
