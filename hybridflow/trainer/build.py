@@ -36,6 +36,7 @@ from hybridflow.roles.rollout_role import build_rollout_role, start_rollout
 from hybridflow.rollout.base import EngineSetup, SamplingParams
 from hybridflow.rollout.turns import TurnSettings
 from hybridflow.tools import environment_tools, get_environment
+from hybridflow.trainer.build_memory import BuildMemory
 from hybridflow.trainer.model_files import ensure_model_files, role_model_dirs
 from hybridflow.trainer.rl_trainer import TRIM_MULTIPLE, RLTrainer
 from hybridflow.trainer.scorer import build_scorer
@@ -61,6 +62,7 @@ class BuiltRun:
     dataset: PromptDataset
     hf_dir: str
     work_dir: Path
+    memory: BuildMemory  # device memory after each build stage (empty without CUDA)
 
 
 def rollout_sampling(cfg: ExperimentConfig, tokenizer: PreTrainedTokenizerBase) -> SamplingParams:
@@ -86,6 +88,8 @@ def turn_settings(cfg: ExperimentConfig, tokenizer: PreTrainedTokenizerBase) -> 
 def build_run(cfg: ExperimentConfig, plan: Plan, work_dir: Path) -> BuiltRun:
     """Everything this rank needs for the run; every rank calls it."""
     device = compute_device()
+    memory = BuildMemory()
+    memory.mark("context")  # the default group is up: this process's CUDA context and its first communicator
     hf_dir, tok_dir = ensure_model_files(cfg, work_dir)
     # Critic and reward model load their own checkpoints (own shape, same vocabulary: checked in config).
     model_dirs = role_model_dirs(cfg, work_dir, hf_dir)
@@ -96,6 +100,7 @@ def build_run(cfg: ExperimentConfig, plan: Plan, work_dir: Path) -> BuiltRun:
     reshard_plan = build_reshard_plan(meshes[Role.ACTOR], meshes[Role.ROLLOUT])
     groups = build_groups(meshes)
     training = build_training_group(meshes)
+    memory.mark("groups")
     setup = EngineSetup(rollout=cfg.rollout, mesh=meshes[Role.ROLLOUT], groups=groups[Role.ROLLOUT], hf_dir=hf_dir,
                         dtype=torch_dtype(cfg.rollout.dtype or cfg.model.dtype), device=device,
                         seed=cfg.trainer.seed, timeout_s=cfg.distributed.timeout_s,
@@ -143,13 +148,16 @@ def build_run(cfg: ExperimentConfig, plan: Plan, work_dir: Path) -> BuiltRun:
                                                                      plan.update_max_tokens.get(role, 0)),
             lora=lora, **overrides,
         )
+        memory.mark(role)
 
     for built_role in roles.values():
         built_role.compile_logprobs = cfg.trainer.compile_logprobs
     sampling = rollout_sampling(cfg, tokenizer)
     rollout = build_rollout_role(plan.rollout_engine, setup, reshard_plan, sampling, started,  # the plan's engine
                                  turns=turn_settings(cfg, tokenizer), adapter_dir=work_dir / "rollout_adapter")
+    memory.mark("rollout")
     rollout.sync(roles.get(Role.ACTOR))  # the engine starts from the actor's weights, through the bridge
+    memory.mark("synced")
     alg = cfg.algorithm
     trainer = RLTrainer(
         cfg=cfg, roles=roles, meshes=meshes, rollout=rollout,
@@ -159,4 +167,4 @@ def build_run(cfg: ExperimentConfig, plan: Plan, work_dir: Path) -> BuiltRun:
         device=device, training=training,
     )
     dataset = load_prompt_dataset(cfg.data.source, cfg.data.prompt_key, seed=cfg.trainer.seed)
-    return BuiltRun(trainer, tokenizer, dataset, hf_dir, work_dir)
+    return BuiltRun(trainer, tokenizer, dataset, hf_dir, work_dir, memory)

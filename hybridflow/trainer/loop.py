@@ -18,7 +18,7 @@ from hybridflow.roles.model_role import copy_weights
 from hybridflow.tools import environment_tools
 from hybridflow.trainer import checkpointing
 from hybridflow.trainer.build import build_run
-from hybridflow.trainer.metrics import MetricsLog, device_memory_gib
+from hybridflow.trainer.metrics import MetricsLog
 from hybridflow.trainer.profiling import profiled
 from hybridflow.trainer.resume import SFT_MODEL_DIR, drop_records_after, fingerprint, resume_point, sft_model_dir
 from hybridflow.trainer.samples import sample_records
@@ -85,10 +85,10 @@ def train(cfg: ExperimentConfig, plan: Plan) -> dict[str, float]:
     work_dir = Path(cfg.trainer.output_dir)
     built = build_run(cfg, plan, work_dir)
     trainer, tokenizer = built.trainer, built.tokenizer
-    if dist.get_rank() == 0 and (memory := device_memory_gib()):
-        # the step metrics' same figures before any step: the device memory outside torch's allocator at the
-        # 8B LoRA step (~10 GiB, benchmarks/README.md stop 47) is either the build's or the first step's
-        print("  GPU memory after the build: " + ", ".join(f"{k} {v:.2f}" for k, v in memory.items()), flush=True)
+    if dist.get_rank() == 0 and (line := built.memory.line()):
+        # set against step 1's device_used_gib: the memory outside torch's allocator (~10 GiB at the 8B LoRA step,
+        # benchmarks/README.md stop 47) comes with a build stage or with the first step
+        print("  " + line, flush=True)
     seed, batch = cfg.trainer.seed, cfg.data.train_batch_size
     loader_with_seed = partial(PromptLoader, built.dataset, tokenizer, batch, cfg.data.max_prompt_length,
                                overlong_prompts=cfg.data.overlong_prompts,
