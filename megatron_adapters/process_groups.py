@@ -13,8 +13,8 @@ planner's RoleMesh): the role rank at position `tp_rank + tp*(cp_rank + cp*(dp_r
 
 Collective semantics: creating a torch.distributed group is collective over the *whole world*, so every
 rank must call `build_role_groups` for every role, with the same arguments, in the same order, even for
-roles it is not part of. Ranks outside `ranks` get `None` back (torch's `new_subgroups_by_enumeration`
-returns no group for non-members).
+roles it is not part of. Ranks outside `ranks` get `None` back. Groups with the same ranks are one group
+(`group_pool`), whichever role or name asked for them first.
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ from megatron.core import parallel_state
 from megatron.core.hyper_comm_grid import HyperCommGrid
 from megatron.core.process_groups_config import ProcessGroupCollection
 from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+from megatron_adapters.group_pool import shared_group
 
 # HyperCommGrid dim names, fastest-varying first.
 GRID_DIMS = ["tp", "cp", "dp", "pp"]
@@ -84,17 +86,14 @@ def build_role_groups(
     me = dist.get_rank()
     groups = {}
     for name, enumeration in role_rank_enumeration(ranks, tp, pp, dp, cp).items():
-        if name in ("embd", "pos_embd"):
-            # Embedding groups of different pipelines may overlap (PP=1: first == last), so they are
-            # created one by one rather than as a partition.
-            mine = None
-            for group_ranks in enumeration:
-                group = dist.new_group(ranks=group_ranks)
-                if me in group_ranks:
-                    mine = group
-            groups[name] = mine
-        else:
-            groups[name], _ = dist.new_subgroups_by_enumeration(enumeration)
+        # one pass per enumeration, the same on every rank; a rank list asked for before (another name, another
+        # role on the same ranks) gets the same group back: no second communicator (group_pool)
+        mine = None
+        for group_ranks in enumeration:
+            group = shared_group(group_ranks)
+            if me in group_ranks:
+                mine = group
+        groups[name] = mine
     if me not in ranks:
         return None
     return ProcessGroupCollection(

@@ -9,6 +9,7 @@ from megatron.core.process_groups_config import ProcessGroupCollection
 
 from hybridflow.placement import RoleMesh
 from hybridflow.role_records import role_record
+from megatron_adapters.group_pool import shared_group
 from megatron_adapters.process_groups import build_role_groups
 
 
@@ -38,4 +39,4 @@ def build_training_group(meshes: dict[str, RoleMesh]) -> TrainingGroup:
     ranks = tuple(sorted({r for role, m in meshes.items() if role_record(role).holds_model for r in m.ranks}))
     if len(ranks) == dist.get_world_size():
         return TrainingGroup(ranks, None)
-    return TrainingGroup(ranks, dist.new_group(list(ranks)))
+    return TrainingGroup(ranks, shared_group(ranks))

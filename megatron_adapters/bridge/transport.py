@@ -15,6 +15,8 @@ import torch
 import torch.distributed as dist
 from megatron.core.resharding.copy_services.base import CopyService, RecvOp, SendOp
 
+from megatron_adapters.group_pool import shared_group
+
 
 class P2PCopyService(CopyService):
     """megatron-core's CopyService contract on ``torch.distributed.batch_isend_irecv`` (global ranks)."""
@@ -88,7 +90,7 @@ def build_transport(micro_dp_groups: Sequence[tuple[int, ...]]) -> BridgeTranspo
     """Create one process group per micro-DP group. Collective: every rank calls it with the same groups."""
     groups = {}
     for ranks in micro_dp_groups:
-        group = dist.new_group(ranks=list(ranks))
+        group = shared_group(ranks)
         if dist.get_rank() in ranks:
             groups[tuple(ranks)] = group
     return BridgeTransport(groups)

@@ -135,3 +135,28 @@ def test_build_role_groups_in_four_ranks():
             pipe = sorted(my_pp, key=ranks.index)
             if rank in (pipe[0], pipe[-1]):
                 assert sorted(got["embd"]) == sorted({pipe[0], pipe[-1]})
+
+
+FIELDS = ("tp", "pp", "dp", "cp", "tp_cp", "dp_cp", "mp", "tp_dp_cp", "embd", "pos_embd", "ep", "intra_dist_opt")
+
+
+def _two_roles_on_one_mesh() -> dict:
+    import torch.distributed as dist
+
+    from megatron_adapters.group_pool import pooled_groups
+
+    actor = build_role_groups([0, 1, 2, 3], tp=2, pp=2, dp=1)
+    ref = build_role_groups([0, 1, 2, 3], tp=2, pp=2, dp=1)
+    enumeration = role_rank_enumeration([0, 1, 2, 3], tp=2, pp=2, dp=1)
+    distinct = {tuple(sorted(g)) for groups in enumeration.values() for g in groups} - {(0, 1, 2, 3)}
+    return {"same": {f: getattr(actor, f) is getattr(ref, f) for f in FIELDS},
+            "world": actor.intra_dist_opt is dist.group.WORLD, "made": pooled_groups(), "distinct": len(distinct)}
+
+
+def test_roles_on_one_mesh_share_their_groups():
+    """Every NCCL communicator holds device memory outside torch's allocator: a rank list gets one group, whichever
+    role or field asks for it (on one GPU all twelve fields of every role are the world's own group)."""
+    for result in run_distributed(_two_roles_on_one_mesh, world_size=4):
+        assert all(result["same"].values()), result["same"]
+        assert result["world"]
+        assert result["made"] == result["distinct"] == 8  # tp 2, pp (= embd) 2, the singletons (cp, dp, ep) 4
