@@ -155,7 +155,7 @@ def build_run(cfg: ExperimentConfig, plan: Plan, work_dir: Path) -> BuiltRun:
     sampling = rollout_sampling(cfg, tokenizer)
     rollout = build_rollout_role(plan.rollout_engine, setup, reshard_plan, sampling, started,  # the plan's engine
                                  turns=turn_settings(cfg, tokenizer), adapter_dir=work_dir / "rollout_adapter")
-    memory.mark("rollout")
+    memory.mark(Role.ROLLOUT)
     rollout.sync(roles.get(Role.ACTOR))  # the engine starts from the actor's weights, through the bridge
     memory.mark("synced")
     alg = cfg.algorithm
