@@ -5,8 +5,9 @@
 A hybridflow run creates 12 process groups per role (megatron_adapters.process_groups) and binds the default group
 to its GPU (`init_process_group(device_id=...)`), which makes torch create every later group's NCCL communicator
 at once rather than at its first collective. Each variant runs in a fresh one-rank process and prints the device
-memory the driver reports (used) beside torch's reserved memory after: the CUDA context, init_process_group, the
-groups, one all-reduce on each group. Variants: eager (device_id bound, hybridflow's way), lazy (not bound), and
+memory the driver reports (used) beside torch's reserved memory after: the CUDA context, init_process_group, one
+all-reduce on the default group, the groups, one all-reduce on each group (per_group_mib: the last less the
+all-reduce on the default group, per group). Variants: eager (device_id bound, hybridflow's way), lazy (not bound), and
 eager under NCCL environment settings that bear on per-communicator buffers.
 """
 
@@ -45,11 +46,11 @@ def measure(groups: int, bind: bool) -> dict:
     dist.init_process_group("nccl", rank=0, world_size=1,
                             device_id=torch.device("cuda", 0) if bind else None)
     out["init_process_group"] = used()
-    made = [dist.new_group([0]) for _ in range(groups)]
-    out["groups"] = used()
     x = torch.ones(1, device="cuda")
     dist.all_reduce(x)
-    out["world_all_reduce"] = used()
+    out["world_all_reduce"] = used()  # the default group's communicator exists in both variants from here
+    made = [dist.new_group([0]) for _ in range(groups)]
+    out["groups"] = used()
     for g in made:
         dist.all_reduce(x, group=g)
     out["group_all_reduces"] = used()

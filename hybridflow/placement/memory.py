@@ -61,7 +61,9 @@ Parts and the rules used (P = parameters held by the GPU: its pipeline stage's s
                vllm: gpu_memory_utilization x capacity - weights (vLLM pre-allocates it).
 Not counted: the copy of an adapted actor's base linears that a merged weight sync (or the merged HF export) keeps
 while the merged weights are shipped (megatron_adapters.lora.adapters_merged; no activations are alive then),
-CUDA contexts (the vLLM engine process has its own), NCCL buffers, the bridge's buckets (256 MiB; a vLLM
+CUDA contexts (the vLLM engine process has its own; 0.6 GiB on an H100), NCCL communicators (389 MiB each on an
+H100 with NCCL 2.28, one per distinct rank list a rank is in: megatron_adapters.group_pool; on one GPU only the
+default group's), the bridge's buckets (256 MiB; a vLLM
 rank also keeps one bucket as the staging buffer it shares with its engine process), allocator
 fragmentation: `cluster.gpu_memory_headroom_gib` keeps room for them, and the planner's checks and the auto
 search compare estimates with the capacity less that headroom.
