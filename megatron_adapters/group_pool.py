@@ -19,7 +19,7 @@ import torch.distributed as dist
 _POOLS: WeakKeyDictionary = WeakKeyDictionary()
 
 
-def shared_group(ranks: Iterable[int]):
+def shared_group(ranks: Iterable[int]) -> dist.ProcessGroup:
     """The group over `ranks`: the world's own group when they are every rank, else one `dist.new_group`, made
     the first time these ranks are asked for. Collective over the world when it makes one: every rank asks for
     the same rank lists in the same order. Ranks outside `ranks` get what `new_group` gives them (not a member)."""

@@ -86,8 +86,8 @@ def train(cfg: ExperimentConfig, plan: Plan) -> dict[str, float]:
     built = build_run(cfg, plan, work_dir)
     trainer, tokenizer = built.trainer, built.tokenizer
     if dist.get_rank() == 0 and (line := built.memory.line()):
-        # set against step 1's device_used_gib: the memory outside torch's allocator (~10 GiB at the 8B LoRA step,
-        # benchmarks/README.md stop 47) comes with a build stage or with the first step
+        # memory outside torch's allocator shows at the stage that made it (36 NCCL communicators, 13.7 GiB, at the
+        # groups stage until they were pooled: benchmarks/README.md stop 48); step 1's device_used_gib follows on
         print("  " + line, flush=True)
     seed, batch = cfg.trainer.seed, cfg.data.train_batch_size
     loader_with_seed = partial(PromptLoader, built.dataset, tokenizer, batch, cfg.data.max_prompt_length,
