@@ -117,6 +117,8 @@ step() { # step STAGE NAME LIMIT COMMAND...: run under min(LIMIT, time left); fu
     rc=$?
     kill -KILL -- "-$pid" 2>/dev/null # ranks this step's launcher left behind (same process group)
     echo "== $name: rc=$rc in $((SECONDS - start))s" | tee -a "$out/$stage.log"
+    # a run's build line (device memory outside torch per build stage: the communicators) may lie above the tail
+    grep -h "GPU memory by build stage" "$work/logs/$name.log" >>"$out/$stage.log"
     tail -n 40 "$work/logs/$name.log" >>"$out/$stage.log"
     echo "| $stage | $name | rc=$rc | $((SECONDS - start)) |" >>"$work/steps.md"
     return "$rc"
