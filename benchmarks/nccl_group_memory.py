@@ -20,6 +20,8 @@ import socket
 import subprocess
 import sys
 
+from hybridflow.units import GIB
+
 VARIANTS = {  # name -> (bind device_id, extra environment)
     "eager": (True, {}),
     "lazy": (False, {}),
@@ -27,7 +29,6 @@ VARIANTS = {  # name -> (bind device_id, extra environment)
     "eager_no_cumem": (True, {"NCCL_CUMEM_ENABLE": "0"}),
     "eager_no_nvls": (True, {"NCCL_NVLS_ENABLE": "0"}),
 }
-GIB = 1 << 30
 
 
 def measure(groups: int, bind: bool) -> dict:

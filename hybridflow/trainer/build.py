@@ -36,7 +36,7 @@ from hybridflow.roles.rollout_role import build_rollout_role, start_rollout
 from hybridflow.rollout.base import EngineSetup, SamplingParams
 from hybridflow.rollout.turns import TurnSettings
 from hybridflow.tools import environment_tools, get_environment
-from hybridflow.trainer.build_memory import BuildMemory
+from hybridflow.trainer.device_memory import BuildMemory
 from hybridflow.trainer.model_files import ensure_model_files, role_model_dirs
 from hybridflow.trainer.rl_trainer import TRIM_MULTIPLE, RLTrainer
 from hybridflow.trainer.scorer import build_scorer

@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import matplotlib
-import torch
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -15,18 +14,6 @@ from torch.utils.tensorboard import SummaryWriter  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from hybridflow.trainer.samples import samples_markdown  # noqa: E402
-from hybridflow.units import GIB  # noqa: E402
-
-
-def device_memory_gib() -> dict[str, float]:
-    """torch's peak tensors, the most its caching allocator held, and the device now as the driver sees it (CUDA
-    context, NCCL, any other process): the plan's estimate is of the first, its headroom covers the rest.
-    Empty without CUDA."""
-    if not torch.cuda.is_available():
-        return {}
-    free, total = torch.cuda.mem_get_info()
-    return {"peak_memory_gib": torch.cuda.max_memory_allocated() / GIB,
-            "peak_reserved_gib": torch.cuda.max_memory_reserved() / GIB, "device_used_gib": (total - free) / GIB}
 
 
 class MetricsLog:

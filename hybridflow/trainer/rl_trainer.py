@@ -40,8 +40,8 @@ from hybridflow.roles.groups import TrainingGroup
 from hybridflow.roles.model_role import ModelRole
 from hybridflow.roles.rollout_role import RolloutRole
 from hybridflow.token_kinds import observation_share
+from hybridflow.trainer.device_memory import device_memory_gib
 from hybridflow.trainer.dynamic_sampling import fill_batch
-from hybridflow.trainer.metrics import device_memory_gib
 from hybridflow.trainer.rl_step import RLStep, StageTimer
 from hybridflow.trainer.scorer import Scorer
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hybridflow.trainer.metrics import device_memory_gib
+from hybridflow.trainer.device_memory import device_memory_gib
 from hybridflow.units import GIB
 
 
@@ -25,7 +25,7 @@ def test_the_driver_view_is_total_minus_free(monkeypatch):
 
 
 def test_build_stages_say_what_each_added_outside_torch(monkeypatch):
-    from hybridflow.trainer.build_memory import BuildMemory
+    from hybridflow.trainer.device_memory import BuildMemory
 
     readings = iter([(70, 5), (60, 5), (40, 25)])  # (free, torch reserved) GiB at each mark
     state = {}
@@ -48,7 +48,7 @@ def test_build_stages_say_what_each_added_outside_torch(monkeypatch):
 
 
 def test_no_build_line_without_cuda(monkeypatch):
-    from hybridflow.trainer.build_memory import BuildMemory
+    from hybridflow.trainer.device_memory import BuildMemory
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     memory = BuildMemory()
