@@ -26,6 +26,7 @@ from megatron.core.process_groups_config import ProcessGroupCollection
 from megatron.core.utils import get_model_config
 
 from megatron_adapters.cpu_backend import compute_device
+from megatron_adapters.output_positions import logits_at
 
 MicroBatch = dict[str, torch.Tensor]
 Metrics = dict[str, torch.Tensor]
@@ -38,7 +39,8 @@ def default_model_inputs(batch: MicroBatch) -> dict[str, Any]:
 
     A packed micro-batch (`input_ids` `[1, N]` with `cu_seqlens`, see hybridflow.data.packing) runs in
     megatron's "thd" layout: `PackedSeqParams` make attention causal inside each sequence and rotary
-    positions restart per sequence; there is no attention mask.
+    positions restart per sequence; there is no attention mask. A micro-batch with `logit_positions`
+    (megatron_adapters.output_positions) gets logits for those tokens only, `[1, n, vocab / tp]`.
     """
     input_ids = batch["input_ids"]
     position_ids = batch.get("position_ids")
@@ -47,6 +49,8 @@ def default_model_inputs(batch: MicroBatch) -> dict[str, Any]:
     inputs = {"input_ids": input_ids, "position_ids": position_ids, "attention_mask": batch.get("attention_mask")}
     if "cu_seqlens" in batch:
         inputs["packed_seq_params"] = packed_seq_params(batch["cu_seqlens"])
+    if "logit_positions" in batch:
+        inputs |= {"output_processor": logits_at, "output_processor_context": batch["logit_positions"]}
     return inputs
 
 

@@ -37,6 +37,7 @@ from megatron_adapters.optimizer import (
     join_optimizer_build_elsewhere,
     wrap_for_training,
 )
+from megatron_adapters.output_positions import logit_positions, scatter_positions
 from megatron_adapters.peft_export import save_peft_adapter
 from megatron_adapters.process_groups import seed_role_rng
 from megatron_adapters.specs import resolve_spec_name
@@ -80,6 +81,9 @@ class ModelRole:
     adapters_off: bool = False
     # Log-probs through torch.compile'd chunk kernels (`trainer.compile_logprobs`, megatron_adapters.logprobs).
     compile_logprobs: bool = False
+    # Micro-batches with a `loss_mask` carry `logit_positions`: the LM head runs at those tokens only
+    # (megatron_adapters.output_positions). Off for scalar heads and sequence-parallel heads.
+    logits_at_loss_tokens: bool = False
 
     def save_hf(self, out_dir: str | Path, hf_dir: str | Path) -> None:
         """Write this role's model as an HF checkpoint in `out_dir`, its config.json taken from `hf_dir`; a model
@@ -107,15 +111,23 @@ class ModelRole:
             load_hf_weights(unwrap(self.model), hf_dir)
 
     def logprobs(
-        self, logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0, with_entropy: bool = False
+        self, logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0, with_entropy: bool = False,
+        positions: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Per-token log-probs [b, T] of `input_ids` (and entropies) from this role's vocab-parallel logits.
 
-        Column t is about token t, predicted from position t - 1; column 0 is 0.
+        Column t is about token t, predicted from position t - 1; column 0 is 0. With the micro-batch's
+        `positions` (`logit_positions`), `logits` are those tokens' only and every other column is 0.
         """
-        out = token_logprobs(logits[:, :-1], input_ids[:, 1:], self.groups.tp, temperature=temperature,
-                             with_entropy=with_entropy, compiled=self.compile_logprobs)
-        return tuple(map(shift_right, out)) if with_entropy else shift_right(out)
+        if positions is None:
+            out = token_logprobs(logits[:, :-1], input_ids[:, 1:], self.groups.tp, temperature=temperature,
+                                 with_entropy=with_entropy, compiled=self.compile_logprobs)
+            return tuple(map(shift_right, out)) if with_entropy else shift_right(out)
+        targets = input_ids[tuple(positions)].unsqueeze(0)
+        out = token_logprobs(logits, targets, self.groups.tp, temperature=temperature, with_entropy=True,
+                             compiled=self.compile_logprobs)
+        logp, entropy = (scatter_positions(o, positions, input_ids.shape) for o in out)
+        return (logp, entropy) if with_entropy else logp
 
     @contextmanager
     def learning_rate(self, lr: float) -> Iterator[None]:
@@ -159,14 +171,27 @@ class ModelRole:
         """
         device = compute_device()
         if self.max_tokens_per_micro_batch and "seq_lens" in tensors:
-            packed = self._packed_micro_batches(tensors)
+            packed = [self._with_positions(mb) for mb in self._packed_micro_batches(tensors)]
             return [{k: v.to(device, non_blocking=True) for k, v in mb.items()} for mb in packed]
         # One copy per tensor, then views: a copy per micro-batch and tensor is a host-to-device transfer
         # (from pageable memory, synchronous with the host) each, hundreds per pass for a small model.
         on_device = {k: v.to(device, non_blocking=True) for k, v in tensors.items()}
         rows = next(iter(tensors.values())).shape[0]
         _, size = micro_batch_split(rows, max_rows or self.update_micro_batch_size or self.micro_batch_size)
-        return [{k: v[i : i + size] for k, v in on_device.items()} for i in range(0, rows, size)]
+        host_mask = tensors.get("loss_mask")
+        return [self._with_positions({k: v[i : i + size] for k, v in on_device.items()},
+                                     None if host_mask is None else host_mask[i : i + size])
+                for i in range(0, rows, size)]
+
+    def _with_positions(self, mb: dict[str, torch.Tensor], host_mask: torch.Tensor | None = None
+                        ) -> dict[str, torch.Tensor]:
+        """`mb` with its `logit_positions` when this role's head runs at the loss tokens only; found on the host
+        copy of the loss mask (`host_mask`, else `mb`'s own), as nonzero() on the device reads the host."""
+        if not self.logits_at_loss_tokens or "loss_mask" not in mb:
+            return mb
+        mask = mb["loss_mask"] if host_mask is None else host_mask
+        positions = logit_positions(mask).to(mb["loss_mask"].device, non_blocking=True)
+        return {**mb, "logit_positions": positions}
 
     def _packed_micro_batches(self, tensors: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
         seq_lens = tensors["seq_lens"]
@@ -282,6 +307,7 @@ def build_model_role(
     makes grad buffers and the optimizer state for the adapters only; the checkpoint loads into the base
     (spec: `model_spec`)."""
     seed_role_rng(seed, groups)
+    logits_at_loss_tokens = head == "lm" and not config_overrides.get("sequence_parallel", False)
     model = build_gpt(hf_dir, groups, head=head, dtype=dtype, spec=model_spec(lora), lora=lora, **config_overrides)
     if torch.cuda.is_available():
         model.cuda()
@@ -289,7 +315,8 @@ def build_model_role(
     if optimizer is None:
         return ModelRole(name, mesh, groups, model, micro_batch_size,
                          max_tokens_per_micro_batch=max_tokens_per_micro_batch,
-                         forward_micro_batch_size=forward_micro_batch_size)
+                         forward_micro_batch_size=forward_micro_batch_size,
+                         logits_at_loss_tokens=logits_at_loss_tokens)
     if optimizer.offload_optimizer and is_cpu_backend_enabled():
         # On the CPU backend the optimizer already runs in host memory: offloading is meaningless.
         optimizer = dataclasses.replace(optimizer, offload_optimizer=False)
@@ -301,7 +328,7 @@ def build_model_role(
     return ModelRole(name, mesh, groups, ddp[0], micro_batch_size, opt,
                      max_tokens_per_micro_batch=max_tokens_per_micro_batch,
                      forward_micro_batch_size=forward_micro_batch_size,
-                     update_micro_batch_size=update_micro_batch_size)
+                     update_micro_batch_size=update_micro_batch_size, logits_at_loss_tokens=logits_at_loss_tokens)
 
 
 def actor_base_role(actor: ModelRole, name: str, micro_batch_size: int, max_tokens_per_micro_batch: int = 0,
@@ -311,7 +338,8 @@ def actor_base_role(actor: ModelRole, name: str, micro_batch_size: int, max_toke
     micro-batch settings are the reference's."""
     return ModelRole(name, actor.mesh, actor.groups, actor.model, micro_batch_size,
                      max_tokens_per_micro_batch=max_tokens_per_micro_batch,
-                     forward_micro_batch_size=forward_micro_batch_size, adapters_off=True)
+                     forward_micro_batch_size=forward_micro_batch_size, adapters_off=True,
+                     logits_at_loss_tokens=actor.logits_at_loss_tokens)
 
 
 def copy_weights(src: ModelRole | None, dst: ModelRole | None, via_dir: Path, hf_dir: str) -> None:
@@ -331,10 +359,12 @@ def absent_from_role(trained: bool) -> None:
 
 
 def per_token_logprobs(role: ModelRole, temperature: float) -> PerToken:
-    """Column t holds log p(tokens[t] | tokens[:t]); column 0 is 0 (nothing predicts the first token)."""
+    """Column t holds log p(tokens[t] | tokens[:t]); column 0 is 0 (nothing predicts the first token). A
+    micro-batch with `logit_positions` gets them at those tokens only, 0 elsewhere."""
 
     def fn(logits: torch.Tensor, mb: dict[str, torch.Tensor]) -> torch.Tensor:
-        return zero_sequence_starts(role.logprobs(logits, mb["input_ids"], temperature), mb)
+        logp = role.logprobs(logits, mb["input_ids"], temperature, positions=mb.get("logit_positions"))
+        return zero_sequence_starts(logp, mb)
 
     return fn
 

@@ -149,7 +149,8 @@ class RLStep:
         if role not in self.roles:
             return None
         r = self.roles[role]
-        return r.forward(batch.tensors(rows=r.local_rows(batch.size)), per_token(r))
+        # the loss mask lets an LM head run at the tokens a loss reads only (ModelRole.logits_at_loss_tokens)
+        return r.forward(batch.tensors("loss_mask", rows=r.local_rows(batch.size)), per_token(r))
 
     def share(self, role: str, local: torch.Tensor | None, batch: StepBatch) -> torch.Tensor:
         """The role's per-token results on every rank of the training group."""
@@ -224,7 +225,8 @@ class RLStep:
                               kl_loss_estimator=alg.kl_loss_estimator)
 
         def fn(logits, mb, scale):
-            logp, ent = actor.logprobs(logits, mb["input_ids"], temperature, with_entropy=True)
+            logp, ent = actor.logprobs(logits, mb["input_ids"], temperature, with_entropy=True,
+                                       positions=mb.get("logit_positions"))
             out = actor_loss(logp, mb["old_logprobs"], mb["advantages"], mb["loss_mask"], cfg,
                              entropy=ent, ref_logprobs=mb.get("ref_logprobs"), is_weights=mb.get("is_weights"))
             return self._aggregate(out, mb, scale)
@@ -254,7 +256,8 @@ class RLStep:
         actor = self.roles[Role.ACTOR]
 
         def fn(logits, mb):
-            return _mean_loss(sft_loss(actor.logprobs(logits, mb["input_ids"]), mb["loss_mask"]))
+            logp = actor.logprobs(logits, mb["input_ids"], positions=mb.get("logit_positions"))
+            return _mean_loss(sft_loss(logp, mb["loss_mask"]))
 
         rows = actor.local_rows(tensors["input_ids"].shape[0])
         return actor.train(actor.micro_batches({k: v[rows] for k, v in tensors.items()}), fn)
