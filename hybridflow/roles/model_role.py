@@ -21,6 +21,7 @@ from megatron.core.utils import get_model_config
 from hybridflow.config.parallel import LoraConfig, micro_batch_split
 from hybridflow.data.packing import as_rows, empty_micro_batch, is_packed, pack_by_token_budget, pack_rows
 from hybridflow.placement import RoleMesh
+from hybridflow.roles.micro_batching import padded_micro_batches, with_logit_positions
 from megatron_adapters.checkpoint import unwrap
 from megatron_adapters.cpu_backend import compute_device, is_cpu_backend_enabled
 from megatron_adapters.forward_backward import run_forward_backward
@@ -37,7 +38,7 @@ from megatron_adapters.optimizer import (
     join_optimizer_build_elsewhere,
     wrap_for_training,
 )
-from megatron_adapters.output_positions import logit_positions, scatter_positions
+from megatron_adapters.output_positions import scatter_positions
 from megatron_adapters.peft_export import save_peft_adapter
 from megatron_adapters.process_groups import seed_role_rng
 from megatron_adapters.specs import resolve_spec_name
@@ -171,27 +172,12 @@ class ModelRole:
         """
         device = compute_device()
         if self.max_tokens_per_micro_batch and "seq_lens" in tensors:
-            packed = [self._with_positions(mb) for mb in self._packed_micro_batches(tensors)]
+            packed = [with_logit_positions(mb) if self.logits_at_loss_tokens else mb
+                      for mb in self._packed_micro_batches(tensors)]
             return [{k: v.to(device, non_blocking=True) for k, v in mb.items()} for mb in packed]
-        # One copy per tensor, then views: a copy per micro-batch and tensor is a host-to-device transfer
-        # (from pageable memory, synchronous with the host) each, hundreds per pass for a small model.
-        on_device = {k: v.to(device, non_blocking=True) for k, v in tensors.items()}
         rows = next(iter(tensors.values())).shape[0]
         _, size = micro_batch_split(rows, max_rows or self.update_micro_batch_size or self.micro_batch_size)
-        host_mask = tensors.get("loss_mask")
-        return [self._with_positions({k: v[i : i + size] for k, v in on_device.items()},
-                                     None if host_mask is None else host_mask[i : i + size])
-                for i in range(0, rows, size)]
-
-    def _with_positions(self, mb: dict[str, torch.Tensor], host_mask: torch.Tensor | None = None
-                        ) -> dict[str, torch.Tensor]:
-        """`mb` with its `logit_positions` when this role's head runs at the loss tokens only; found on the host
-        copy of the loss mask (`host_mask`, else `mb`'s own), as nonzero() on the device reads the host."""
-        if not self.logits_at_loss_tokens or "loss_mask" not in mb:
-            return mb
-        mask = mb["loss_mask"] if host_mask is None else host_mask
-        positions = logit_positions(mask).to(mb["loss_mask"].device, non_blocking=True)
-        return {**mb, "logit_positions": positions}
+        return padded_micro_batches(tensors, size, device, self.logits_at_loss_tokens)
 
     def _packed_micro_batches(self, tensors: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
         seq_lens = tensors["seq_lens"]
@@ -214,12 +200,15 @@ class ModelRole:
         micro = self.micro_batches(tensors, self.forward_micro_batch_size or self.micro_batch_size)
         with adapters_disabled(unwrap(self.model)) if self.adapters_off else nullcontext():
             metrics = run_forward_backward([self.model], self.groups, micro, keep, forward_only=True)
-        if not is_packed(micro[0]):
+        if not is_packed(micro[0]) and "row_index" not in micro[0]:
             return torch.cat([m["out"] for m in metrics])
         rows, width = tensors["input_ids"].shape
         out = metrics[0]["out"].new_zeros(rows, width)
         for mb, m in zip(micro, metrics, strict=True):
-            out[mb["rows"]] = as_rows(m["out"], mb, width)
+            if is_packed(mb):
+                out[mb["rows"]] = as_rows(m["out"], mb, width)
+            else:  # rows of one length class, cut to their own width
+                out[mb["row_index"], : m["out"].shape[1]] = m["out"]
         return out
 
     def train(self, micro_batches: list[dict[str, torch.Tensor]], loss_fn: LossFn) -> dict[str, float]:

@@ -37,6 +37,7 @@ from hybridflow.data.step_batch import StepBatch
 from hybridflow.placement import RoleMesh
 from hybridflow.role_records import Role
 from hybridflow.roles.groups import TrainingGroup
+from hybridflow.roles.micro_batching import TRIM_MULTIPLE
 from hybridflow.roles.model_role import ModelRole
 from hybridflow.roles.rollout_role import RolloutRole
 from hybridflow.token_kinds import observation_share
@@ -44,10 +45,6 @@ from hybridflow.trainer.device_memory import device_memory_gib
 from hybridflow.trainer.dynamic_sampling import fill_batch
 from hybridflow.trainer.rl_step import RLStep, StageTimer
 from hybridflow.trainer.scorer import Scorer
-
-# Training width is rounded up to this many columns: divisible by any TP degree (sequence parallelism
-# splits the sequence over TP) and a friendly size for the kernels.
-TRIM_MULTIPLE = 64
 
 
 @dataclass
