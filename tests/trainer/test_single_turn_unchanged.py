@@ -6,6 +6,11 @@ The expected records in data/single_turn_main/ were written by main at c9eafa2 (
 2-core CPU machine with the commands of `RUNS` (fields that measure the machine dropped, as `algorithmic`
 does); samples.jsonl of the padded PPO run too. A metric added since (`NEW_METRICS`) must be the
 single-turn value it is defined to take.
+
+Since the LM head runs at the loss tokens only (megatron_adapters/output_positions.py) and micro-batches are cut
+by length (hybridflow/roles/micro_batching.py), the same gradients and log-probs are summed in another order:
+float metrics agree to fp32 noise (`FLOAT_RTOL`, or `FLOAT_ATOL` for noise-sized figures such as parity/max_abs,
+5e-7 -> 1e-6), everything else (steps, token counts, samples) stays exact.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ RUNS = {
                     "roles.ref.max_tokens_per_micro_batch=64"),
 }
 NEW_METRICS = {"observation_token_share": 0.0}  # single-turn: no observation tokens
+FLOAT_RTOL, FLOAT_ATOL = 1e-4, 1e-5
 
 
 def _records(path: Path) -> list[dict]:
@@ -42,7 +48,13 @@ def test_metrics_equal_mains_step_for_step(tmp_path, name):
     assert [(r["phase"], r["step"]) for r in got] == [(r["phase"], r["step"]) for r in want]
     for mine, main in zip(got, want, strict=True):
         added = {k: mine.pop(k) for k in NEW_METRICS if k in mine and k not in main}
-        assert mine == main, (mine["phase"], mine["step"])  # exact: no tolerance
+        assert mine.keys() == main.keys(), (mine["phase"], mine["step"])
+        for key, value in main.items():
+            where = (mine["phase"], mine["step"], key)
+            if isinstance(value, float):
+                assert mine[key] == pytest.approx(value, rel=FLOAT_RTOL, abs=FLOAT_ATOL), where
+            else:
+                assert mine[key] == value, where
         assert added == ({} if main["phase"] != "rl" else NEW_METRICS)
     if name == "ppo_padded":
         assert (tmp_path / "samples.jsonl").read_text() == (EXPECTED / "ppo_padded_samples.jsonl").read_text()

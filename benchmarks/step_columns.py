@@ -1,0 +1,110 @@
+"""What one grpo_smollm2 step's model passes process, before and after the LM head at the loss tokens and the
+length-sorted micro-batches: a count on a real step batch, not a timing.
+
+    python -m benchmarks.step_columns [--prompts 32 --samples 8 --max-new-tokens 160 --json OUT]
+
+SmolLM2-135M-Instruct (the packaged checkpoint, fp32, CPU, HF generate at temperature 1, top-k / top-p off, up to
+and with the first eos) answers `--prompts` gsm8k_easy chat prompts `--samples` times each, laid out as the trainer
+lays a step out (right-padded rows, the batch cut to its longest sample in 64-column steps). For the forward-only
+passes (reference, old log-probs: 64-row micro-batches) and the update (mini-batches of 128 rows, micro-batches of
+64), it counts the token positions the transformer body runs on and the positions the LM head and the
+vocabulary-wide log-softmax / entropy run on, in row order at the batch's width (before) and through
+`hybridflow.roles.micro_batching.padded_micro_batches` (after).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from hybridflow.roles.micro_batching import TRIM_MULTIPLE, padded_micro_batches
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.step_columns", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--prompts", type=int, default=32)
+    p.add_argument("--samples", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=160)
+    p.add_argument("--micro-batch", type=int, default=64)
+    p.add_argument("--mini-batch", type=int, default=128)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--json", type=Path)
+    return p.parse_args(argv)
+
+
+def sampled_batch(args) -> dict[str, torch.Tensor]:
+    """input_ids, loss_mask and seq_lens [B] of one sampled step, right-padded to its 64-column width."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hybridflow.convert.packaged_model import packaged_checkpoint
+    from hybridflow.data.tasks import builtin_task, task_rows
+
+    src = packaged_checkpoint("smollm2_135m")
+    tok = AutoTokenizer.from_pretrained(src)
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
+    rows = task_rows(builtin_task("builtin:gsm8k_easy"), args.prompts, args.seed)
+    texts = [tok.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False) for r in rows]
+    tok.padding_side = "left"
+    enc = tok([t for t in texts for _ in range(args.samples)], return_tensors="pt", padding=True,
+              add_special_tokens=False)
+    torch.manual_seed(args.seed)
+    with torch.no_grad():
+        out = model.generate(**enc, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                             max_new_tokens=args.max_new_tokens, pad_token_id=tok.pad_token_id)
+    comp = out[:, enc["input_ids"].shape[1]:]
+    ended = (comp == tok.eos_token_id).long().cumsum(1)
+    keep = (ended == 0) | ((ended == 1) & (comp == tok.eos_token_id))  # up to and with the first eos
+    seqs = [(p[m.bool()], r[k]) for p, m, r, k in zip(enc["input_ids"], enc["attention_mask"], comp, keep,
+                                                       strict=True)]
+    longest = max(len(p) + len(r) for p, r in seqs)
+    width = -(-longest // TRIM_MULTIPLE) * TRIM_MULTIPLE
+    ids = torch.zeros(len(seqs), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, (p, r) in enumerate(seqs):
+        ids[i, : len(p) + len(r)] = torch.cat([p, r])
+        mask[i, len(p) : len(p) + len(r)] = 1
+    return {"input_ids": ids, "loss_mask": mask, "seq_lens": torch.tensor([len(p) + len(r) for p, r in seqs])}
+
+
+def count(tensors: dict[str, torch.Tensor], rows: int) -> dict[str, int]:
+    """Body and head positions of one pass over `tensors` in micro-batches of `rows`, before and after."""
+    before = {"body": tensors["input_ids"].numel(), "head": tensors["input_ids"].numel()}
+    micro = padded_micro_batches(tensors, rows, torch.device("cpu"), logits_at_loss_tokens=True)
+    after = {"body": sum(mb["input_ids"].numel() for mb in micro),
+             "head": sum(mb["logit_positions"].shape[1] for mb in micro)}
+    return {f"{k}_{when}": v for when, d in (("before", before), ("after", after)) for k, v in d.items()}
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    batch = sampled_batch(args)
+    b = batch["input_ids"].shape[0]
+    update: dict[str, int] = {}
+    for start in range(0, b, args.mini_batch):
+        part = {k: v[start : start + args.mini_batch] for k, v in batch.items()}
+        for k, v in count(part, args.micro_batch).items():
+            update[k] = update.get(k, 0) + v
+    result = {"rows": b, "width": batch["input_ids"].shape[1],
+              "response_tokens": int(batch["loss_mask"].sum()),
+              "mean_prompt": float((batch["seq_lens"] - batch["loss_mask"].sum(1)).float().mean()),
+              "mean_response": float(batch["loss_mask"].sum(1).float().mean()),
+              "forward_pass": count(batch, args.micro_batch), "update": update}
+    for name in ("forward_pass", "update"):
+        c = result[name]
+        print(f"{name}: body {c['body_before']:,} -> {c['body_after']:,} positions "
+              f"({c['body_after'] / c['body_before']:.2f}x), head {c['head_before']:,} -> {c['head_after']:,} "
+              f"({c['head_after'] / c['head_before']:.3f}x)")
+    print(f"{b} rows of width {result['width']}: prompt {result['mean_prompt']:.1f}, response "
+          f"{result['mean_response']:.1f} tokens on average")
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
