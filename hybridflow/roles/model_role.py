@@ -162,7 +162,8 @@ class ModelRole:
     ) -> list[dict[str, torch.Tensor]]:
         """This replica's rows cut into micro-batches on the compute device (the step's batch lives on CPU):
         as few as hold at most `max_rows` (default `update_micro_batch_size`, else `micro_batch_size`) rows each,
-        of equal size but the last (`micro_batch_split`).
+        of equal size but the last (`micro_batch_split`); rows with lengths (`seq_lens`) go by length, each
+        micro-batch cut to its own width (hybridflow.roles.micro_batching).
 
         With a token budget and the rows' true lengths (`seq_lens`), micro-batches are packed (see
         hybridflow.data.packing); every replica of the role then runs as many micro-batches as the one that
