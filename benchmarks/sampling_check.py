@@ -97,8 +97,9 @@ def update_visibility(model, lr: float, steps: tuple[int, ...] = (1, 10, 80)) ->
     return out
 
 
-def main(argv=None) -> dict:
-    args = parse_args(argv)
+def smollm2_chat(prompts: int, seed: int, samples: int = 1):
+    """(checkpoint dir, tokenizer, fp32 model in eval mode, left-padded encoding) of SmolLM2-135M-Instruct (the
+    packaged checkpoint) and `prompts` gsm8k_easy chat prompts, each repeated `samples` times."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from hybridflow.convert.packaged_model import packaged_checkpoint
@@ -107,26 +108,38 @@ def main(argv=None) -> dict:
     src = packaged_checkpoint("smollm2_135m")
     tok = AutoTokenizer.from_pretrained(src)
     model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
-    rows = task_rows(builtin_task("builtin:gsm8k_easy"), args.prompts, args.seed)
+    rows = task_rows(builtin_task("builtin:gsm8k_easy"), prompts, seed)
     texts = [tok.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False) for r in rows]
     tok.padding_side = "left"
-    enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    enc = tok([t for t in texts for _ in range(samples)], return_tensors="pt", padding=True, add_special_tokens=False)
+    return src, tok, model, enc
+
+
+def sampled_responses(model, tok, enc, max_new_tokens: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(prompt ids without padding, response ids up to and with the first eos) of each row of `enc`, sampled by HF
+    generate at temperature 1, top-k / top-p off."""
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        out = model.generate(**enc, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                             max_new_tokens=max_new_tokens, pad_token_id=tok.pad_token_id)
+    comp = out[:, enc["input_ids"].shape[1]:]
+    ended = (comp == tok.eos_token_id).long().cumsum(1)
+    keep = (ended == 0) | ((ended == 1) & (comp == tok.eos_token_id))  # up to and with the first eos
+    return [(p[m.bool()], r[k]) for p, m, r, k in zip(enc["input_ids"], enc["attention_mask"], comp, keep,
+                                                       strict=True)]
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    from transformers import AutoModelForCausalLM
+
+    src, tok, model, enc = smollm2_chat(args.prompts, args.seed)
     with torch.no_grad():
         last = model(**enc).logits[:, -1]
     result = {"sampler": sampler_check(last, args.draws, args.seed)}
-    torch.manual_seed(args.seed)
-    with torch.no_grad():
-        out = model.generate(**enc, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-                             max_new_tokens=args.response_length, pad_token_id=tok.pad_token_id)
-    width = enc["input_ids"].shape[1]
-    comp = out[:, width:]
-    ended = (comp == tok.eos_token_id).long().cumsum(1)
-    resp = ((ended == 0) | ((ended == 1) & (comp == tok.eos_token_id))).float()  # up to and with the first eos
     # one sample per row without left padding: re-pack each row as prompt + response from column 0
     seqs, masks = [], []
-    for i in range(len(rows)):
-        p = enc["input_ids"][i][enc["attention_mask"][i].bool()]
-        r = comp[i][resp[i].bool()]
+    for p, r in sampled_responses(model, tok, enc, args.response_length, args.seed):
         seqs.append(torch.cat([p, r]))
         masks.append(torch.cat([torch.zeros(len(p)), torch.ones(len(r))]))
     entropies = {}

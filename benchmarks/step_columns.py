@@ -1,7 +1,7 @@
 """What one grpo_smollm2 step's model passes process, before and after the LM head at the loss tokens and the
 length-sorted micro-batches: a count on a real step batch, not a timing.
 
-    python -m benchmarks.step_columns [--prompts 32 --samples 8 --max-new-tokens 160 --json OUT]
+    python -m benchmarks.step_columns [--prompts 32 --samples 8 --max-new-tokens 160 --seq-length 320 --json OUT]
 
 SmolLM2-135M-Instruct (the packaged checkpoint, fp32, CPU, HF generate at temperature 1, top-k / top-p off, up to
 and with the first eos) answers `--prompts` gsm8k_easy chat prompts `--samples` times each, laid out as the trainer
@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.sampling_check import sampled_responses, smollm2_chat
+from hybridflow.data.step_batch import trimmed_width
 from hybridflow.roles.micro_batching import TRIM_MULTIPLE, padded_micro_batches
 
 
@@ -30,6 +32,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prompts", type=int, default=32)
     p.add_argument("--samples", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=160)
+    p.add_argument("--seq-length", type=int, default=320, help="the widest a batch is cut to (data.seq_length)")
     p.add_argument("--micro-batch", type=int, default=64)
     p.add_argument("--mini-batch", type=int, default=128)
     p.add_argument("--seed", type=int, default=1)
@@ -38,37 +41,17 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def sampled_batch(args) -> dict[str, torch.Tensor]:
-    """input_ids, loss_mask and seq_lens [B] of one sampled step, right-padded to its 64-column width."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from hybridflow.convert.packaged_model import packaged_checkpoint
-    from hybridflow.data.tasks import builtin_task, task_rows
-
-    src = packaged_checkpoint("smollm2_135m")
-    tok = AutoTokenizer.from_pretrained(src)
-    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
-    rows = task_rows(builtin_task("builtin:gsm8k_easy"), args.prompts, args.seed)
-    texts = [tok.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False) for r in rows]
-    tok.padding_side = "left"
-    enc = tok([t for t in texts for _ in range(args.samples)], return_tensors="pt", padding=True,
-              add_special_tokens=False)
-    torch.manual_seed(args.seed)
-    with torch.no_grad():
-        out = model.generate(**enc, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-                             max_new_tokens=args.max_new_tokens, pad_token_id=tok.pad_token_id)
-    comp = out[:, enc["input_ids"].shape[1]:]
-    ended = (comp == tok.eos_token_id).long().cumsum(1)
-    keep = (ended == 0) | ((ended == 1) & (comp == tok.eos_token_id))  # up to and with the first eos
-    seqs = [(p[m.bool()], r[k]) for p, m, r, k in zip(enc["input_ids"], enc["attention_mask"], comp, keep,
-                                                       strict=True)]
-    longest = max(len(p) + len(r) for p, r in seqs)
-    width = -(-longest // TRIM_MULTIPLE) * TRIM_MULTIPLE
+    """input_ids, loss_mask and seq_lens [B] of one sampled step, right-padded to its width as the trainer cuts it."""
+    _, tok, model, enc = smollm2_chat(args.prompts, args.seed, args.samples)
+    seqs = sampled_responses(model, tok, enc, args.max_new_tokens, args.seed)
+    lengths = [len(p) + len(r) for p, r in seqs]
+    width = trimmed_width(max(lengths), TRIM_MULTIPLE, args.seq_length)
     ids = torch.zeros(len(seqs), width, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for i, (p, r) in enumerate(seqs):
         ids[i, : len(p) + len(r)] = torch.cat([p, r])
         mask[i, len(p) : len(p) + len(r)] = 1
-    return {"input_ids": ids, "loss_mask": mask, "seq_lens": torch.tensor([len(p) + len(r) for p, r in seqs])}
+    return {"input_ids": ids, "loss_mask": mask, "seq_lens": torch.tensor(lengths)}
 
 
 def count(tensors: dict[str, torch.Tensor], rows: int) -> dict[str, int]:

@@ -61,8 +61,7 @@ class StepBatch:
         """Drop the all-padding columns after the longest sample (`seq_lens`), keeping the width a
         multiple of `multiple` (at most `max_len`): training and inference then run on real tokens, not on
         the room reserved for prompts and responses that turned out shorter."""
-        used = int(self.seq_lens.max())
-        width = min(max_len, -(-used // multiple) * multiple, self.tokens.shape[1])
+        width = trimmed_width(int(self.seq_lens.max()), multiple, min(max_len, self.tokens.shape[1]))
         self.tokens = self.tokens[:, :width]
         self.token_kinds = self.token_kinds[:, :width]
         if self.rollout_logprobs is not None:  # None on steps that read no rollout log-probs
@@ -85,6 +84,11 @@ class StepBatch:
         picked = {f.name: getattr(self, f.name)[index] for f in fields(self)
                   if f.name != "rows" and getattr(self, f.name) is not None}
         return StepBatch(rows=[self.rows[i] for i in index.tolist()], **picked)
+
+
+def trimmed_width(used: int, multiple: int, limit: int) -> int:
+    """The columns kept for rows whose longest is `used`: rounded up to a multiple of `multiple`, at most `limit`."""
+    return min(limit, -(-used // multiple) * multiple)
 
 
 def concat_batches(batches: list[StepBatch]) -> StepBatch:

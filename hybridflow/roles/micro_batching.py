@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from hybridflow.data.step_batch import trimmed_width
 from megatron_adapters.output_positions import logit_positions
 
 # Training widths are rounded up to this many columns (the step's batch, StepBatch.trim_columns, and each length
@@ -40,8 +41,7 @@ def padded_micro_batches(tensors: dict[str, torch.Tensor], size: int, device: to
     micro = []
     for i in range(0, rows, size):
         picked, index = order[i : i + size], order_on_device[i : i + size]
-        longest = max(lengths[i : i + size])
-        width = min(-(-longest // TRIM_MULTIPLE) * TRIM_MULTIPLE, tensors["input_ids"].shape[1])
+        width = trimmed_width(max(lengths[i : i + size]), TRIM_MULTIPLE, tensors["input_ids"].shape[1])
         mb = {k: v.index_select(0, index)[:, :width] if v.dim() > 1 else v.index_select(0, index)
               for k, v in on_device.items()}
         micro.append(_positioned({**mb, "row_index": index}, None if mask is None else mask[picked, :width]))

@@ -127,8 +127,9 @@ class ModelRole:
         targets = input_ids[tuple(positions)].unsqueeze(0)
         out = token_logprobs(logits, targets, self.groups.tp, temperature=temperature, with_entropy=True,
                              compiled=self.compile_logprobs)
-        logp, entropy = (scatter_positions(o, positions, input_ids.shape) for o in out)
-        return (logp, entropy) if with_entropy else logp
+        kept = out if with_entropy else out[:1]
+        grids = tuple(scatter_positions(o, positions, input_ids.shape) for o in kept)
+        return grids if with_entropy else grids[0]
 
     @contextmanager
     def learning_rate(self, lr: float) -> Iterator[None]:
