@@ -6,7 +6,7 @@ column being decoded is a device tensor (`DecodeCache.start`), so one captured g
 
 - `KVCacheAttention` (layer spec "decode") is `SdpaCoreAttention` that, while a cache is attached, writes the
   fed keys/values at their columns and attends a decode token over the first `attend_len` cached columns
-  (masked past the token's own column).
+  (masked past the token's own column). A forward of b rows uses the cache's first b rows.
 - `PositionedRotary` stands in for the model's rotary embedding while a cache is attached: it reads the cos and
   sin of the fed tokens' true columns (device-side start column) from tables made once per generation, and
   `KVCacheAttention` rotates queries and keys with them (`rotate`). megatron's unfused RoPE would recompute cos
@@ -46,6 +46,12 @@ class DecodeCache:
     allowed: torch.Tensor | None = None  # this decode step's key mask, built by the first layer
     rotary: tuple[torch.Tensor, torch.Tensor] | None = None  # this forward's (cos, signed sin), see `rotate`
 
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        """Move the cached keys/values of batch rows `rows` (n indices) to rows 0..n-1, in that order; the
+        buffers stay where they are, so graphs captured over their first rows stay valid."""
+        for buf in (*self.keys, *self.values):
+            buf[: rows.numel()].copy_(buf.index_select(0, rows))
+
 
 def rotate(t: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
     """megatron's unfused RoPE (non-interleaved, over the whole head dim) of `t` [s, b, heads, dim], bit for bit:
@@ -71,7 +77,8 @@ class KVCacheAttention(SdpaCoreAttention):
         sq, b, heads, dim = query.shape
         cos, signed_sin = cache.rotary
         query, key = rotate(query, cos, signed_sin), rotate(key, cos, signed_sin)
-        cached_k, cached_v = cache.keys[self.layer_slot], cache.values[self.layer_slot]
+        # a decode step may feed only the first b rows (the rows still decoding, see DecodeStep)
+        cached_k, cached_v = cache.keys[self.layer_slot][:b], cache.values[self.layer_slot][:b]
         columns = cache.start + torch.arange(sq, device=query.device)
         cached_k.index_copy_(2, columns, key.permute(1, 2, 0, 3))
         cached_v.index_copy_(2, columns, value.permute(1, 2, 0, 3))

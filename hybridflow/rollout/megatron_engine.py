@@ -26,6 +26,11 @@ from megatron_adapters.model import build_gpt, model_shape
 # Reading `done` on the host synchronises with the device; on a GPU checking every few steps lets the host
 # queue the next steps' kernels meanwhile (steps after every row is done write only padding).
 GPU_DONE_CHECK_EVERY = 8
+# When at most 1/COMPACT_FACTOR of the rows a step decodes are still unfinished, those move to the front and
+# later steps decode only them: responses are long-tailed (at 256 rows of a 46-token mean, one row can run to the
+# 160-token limit), and the tail's steps then cost what a small batch costs. Each new row count is a new CUDA
+# graph, so the factor bounds the captures per generation to log_4(batch).
+COMPACT_FACTOR = 4
 
 
 class MegatronRolloutEngine:
@@ -34,12 +39,15 @@ class MegatronRolloutEngine:
 
     vocab_size is the tokenizer's true vocabulary: the padded tail of a vocab-parallel output layer is cut
     off before sampling. `use_graphs` (default: on CUDA) captures decode steps as CUDA graphs, one per
-    `attend_bucket` columns of context.
+    `attend_bucket` columns of context. `compact_factor` (0: never) is when the unfinished rows move to the
+    front and decode alone (see COMPACT_FACTOR).
     """
 
     def __init__(self, model: torch.nn.Module, tp_group: dist.ProcessGroup, vocab_size: int,
-                 use_graphs: bool | None = None, attend_bucket: int = ATTEND_BUCKET):
+                 use_graphs: bool | None = None, attend_bucket: int = ATTEND_BUCKET,
+                 compact_factor: int = COMPACT_FACTOR):
         self.model = model
+        self.compact_factor = compact_factor
         self.tp_group = tp_group
         self.vocab_size = vocab_size
         self.use_graphs = use_graphs
@@ -51,7 +59,7 @@ class MegatronRolloutEngine:
         tokens = batch.tokens.clone()
         bsz, total = tokens.shape
         device = tokens.device
-        prompt_lens = batch.prompt_lens.to(device)
+        prompt_lens = batch.prompt_lens.to(device, copy=True)  # reordered in place below
         logprobs = torch.zeros(bsz, total, dtype=torch.float32, device=device)
         kinds = prompt_kinds(prompt_lens, total)
         done = torch.zeros(bsz, dtype=torch.bool, device=device)
@@ -64,6 +72,10 @@ class MegatronRolloutEngine:
         if end >= total:  # no column left to sample into
             return RolloutBatch(tokens, batch.prompt_lens, kinds, logprobs if sampling.logprobs else None)
         check_every = 1 if device.type == "cpu" else GPU_DONE_CHECK_EVERY
+        # Rows are kept in "slot" order: the rows still decoding are the first `live` slots, and a decode step
+        # runs on those only. order[slot] is the slot's row in `batch`; results go back in that order at the end.
+        order = torch.arange(bsz, device=device)
+        live = bsz
         with attach_decode_cache(self.model, bsz, total) as cache:
             positions = torch.arange(end, device=device).expand(bsz, end)
             with last_position_logits(self.model):  # prefill from column 0; only its last logits are used
@@ -71,18 +83,31 @@ class MegatronRolloutEngine:
             step = DecodeStep(self.model, cache, bsz, device, self.attend_bucket, self.use_graphs)
             while True:
                 next_tok, next_logp = self._sample(logits, sampling, generator)
-                in_prompt = end < prompt_lens
-                is_response = ~in_prompt & ~done & (end < last_col)
-                tokens[:, end] = torch.where(in_prompt, tokens[:, end], next_tok)
-                tokens[:, end] = torch.where(in_prompt | is_response, tokens[:, end], sampling.pad_token_id)
-                logprobs[:, end] = torch.where(is_response, next_logp, 0.0)
-                kinds[:, end] = torch.where(is_response, int(TokenKind.ASSISTANT), kinds[:, end])
+                in_prompt = end < prompt_lens[:live]
+                is_response = ~in_prompt & ~done[:live] & (end < last_col[:live])
+                col = tokens[:live, end]
+                col.copy_(torch.where(in_prompt | is_response, torch.where(in_prompt, col, next_tok),
+                                      sampling.pad_token_id))
+                logprobs[:live, end] = torch.where(is_response, next_logp, 0.0)
+                kinds[:live, end] = torch.where(is_response, int(TokenKind.ASSISTANT), kinds[:live, end])
                 hit_stop = is_response & torch.isin(next_tok, stop_ids)
-                done |= hit_stop | (~in_prompt & (end + 1 >= last_col))
+                done[:live] |= hit_stop | (~in_prompt & (end + 1 >= last_col[:live]))
                 end += 1
-                if end >= total or (end % check_every == 0 and bool(done.all())):
+                if end >= total:
                     break
-                logits = step(tokens[:, end - 1 : end], end - 1)
+                if end % check_every == 0:
+                    decoding = int((~done[:live]).sum())  # the one host read
+                    if decoding == 0:
+                        break
+                    if self.compact_factor and decoding * self.compact_factor <= live:
+                        slots = torch.argsort(done[:live].to(torch.int8), stable=True)  # decoding slots first
+                        for state in (tokens, logprobs, kinds, done, prompt_lens, last_col, order):
+                            state[:live] = state[:live].index_select(0, slots)
+                        cache.keep_rows(slots[:decoding])
+                        live = decoding
+                logits = step(tokens[:live, end - 1 : end], end - 1)
+        back = order.argsort()
+        tokens, logprobs, kinds = tokens[back], logprobs[back], kinds[back]
         # the log-probs cost nothing here (a gather per step); dropped when not asked for, as vLLM does
         return RolloutBatch(tokens, batch.prompt_lens, kinds, logprobs if sampling.logprobs else None)
 

@@ -1,7 +1,7 @@
 """The native rollout engine against Hugging Face transformers: greedy tokens equal HF's `generate`, the
 sampled tokens' log-probs equal HF's log-softmax, at TP 1 and TP 2 (gloo), with prompts of different
-lengths in one batch and a stop token; attention-length buckets across the four families; on a GPU, CUDA
-graph decode equal to eager."""
+lengths in one batch and a stop token; attention-length buckets across the four families; the unfinished
+rows moved to the front and decoded alone; on a GPU, CUDA graph decode equal to eager, compaction included."""
 
 import pytest
 import torch
@@ -125,6 +125,75 @@ def test_greedy_matches_hf_across_attention_buckets(tmp_path, kind):
                                    atol=1e-4, rtol=0)
 
 
+# 32 rows whose prompts are 1..32 tokens long, 2 new tokens each: rows finish one column apart, so the rows still
+# decoding drop to 1/4 of the batch twice (32 -> 8 -> 2).
+TAIL_PROMPTS = [[(7 * row + 3 * i) % 250 + 1 for i in range(row + 1)] for row in range(32)]
+TAIL_NEW = 2
+
+
+def _tail_batch(device: str = "cpu") -> RolloutBatch:
+    tokens = torch.zeros(len(TAIL_PROMPTS), len(TAIL_PROMPTS[-1]) + TAIL_NEW, dtype=torch.long)
+    for row, p in enumerate(TAIL_PROMPTS):
+        tokens[row, : len(p)] = torch.tensor(p)
+    return RolloutBatch(tokens.to(device), torch.tensor([len(p) for p in TAIL_PROMPTS], device=device))
+
+
+def _compacting_generate(hf_dir: str, sampling: SamplingParams, compact_factor: int, device: str = "cpu",
+                         use_graphs: bool | None = None, tp: int = 1):
+    """(tokens, loss mask, log-probs, rows fed to each decode step) of the tail batch."""
+    import hybridflow.rollout.megatron_engine as engine_module
+    from megatron_adapters.hf_safetensors import load_hf_weights
+    from megatron_adapters.model import build_gpt, model_shape
+    from megatron_adapters.process_groups import build_role_groups, seed_role_rng
+
+    rows_fed = []
+
+    class RecordingStep(engine_module.DecodeStep):
+        def __call__(self, tokens, column):
+            rows_fed.append(tokens.shape[0])
+            return super().__call__(tokens, column)
+
+    engine_module.DecodeStep = RecordingStep
+    pgs = build_role_groups(list(range(tp)), tp=tp, pp=1, dp=1)
+    seed_role_rng(0, pgs)
+    model = build_gpt(hf_dir, pgs, spec="decode")
+    load_hf_weights(model, hf_dir)
+    engine = engine_module.MegatronRolloutEngine(model, pgs.tp, model_shape(hf_dir).vocab_size,
+                                                 use_graphs=use_graphs, attend_bucket=8,
+                                                 compact_factor=compact_factor)
+    out = engine.generate(_tail_batch(device), sampling)
+    return out.tokens.cpu(), out.loss_mask.cpu(), out.logprobs.cpu(), rows_fed
+
+
+def test_unfinished_rows_decode_alone_and_match_hf(hf_model):
+    hf_dir, hf = hf_model
+    greedy = SamplingParams(max_new_tokens=TAIL_NEW, temperature=0.0)
+    tokens, mask, logprobs, rows_fed = run_distributed(_compacting_generate, world_size=1,
+                                                       args=(hf_dir, greedy, 4))[0]
+    assert sorted(set(rows_fed), reverse=True) == [32, 8, 2]  # the batch shrank twice
+    assert rows_fed == sorted(rows_fed, reverse=True)
+    for row, prompt in enumerate(TAIL_PROMPTS):  # every row back in its place, with HF's tokens
+        p = len(prompt)
+        want = hf.generate(torch.tensor([prompt]), max_new_tokens=TAIL_NEW, do_sample=False, eos_token_id=None,
+                           pad_token_id=0)[0]
+        assert tokens[row, : p + TAIL_NEW].tolist() == want.tolist()
+        assert mask[row].tolist() == [0] * p + [1] * TAIL_NEW + [0] * (tokens.shape[1] - p - TAIL_NEW)
+        torch.testing.assert_close(logprobs[row, p : p + TAIL_NEW], _hf_logprobs(hf, tokens[row], p, p + TAIL_NEW),
+                                   atol=1e-4, rtol=0)
+    never = run_distributed(_compacting_generate, world_size=1, args=(hf_dir, greedy, 0))[0]
+    assert set(never[3]) == {32} and torch.equal(never[0], tokens)
+    for rank_out in run_distributed(_compacting_generate, world_size=2, args=(hf_dir, greedy, 4, "cpu", None, 2)):
+        assert torch.equal(rank_out[0], tokens) and rank_out[3] == rows_fed  # TP 2: every rank moves the same rows
+
+    hot = SamplingParams(max_new_tokens=TAIL_NEW, temperature=0.7, seed=5)
+    tokens, mask, logprobs, _ = run_distributed(_compacting_generate, world_size=1, args=(hf_dir, hot, 4))[0]
+    for row, prompt in enumerate(TAIL_PROMPTS):
+        p = len(prompt)
+        assert mask[row, p : p + TAIL_NEW].all() and mask[row].sum() == TAIL_NEW
+        torch.testing.assert_close(logprobs[row, p : p + TAIL_NEW],
+                                   _hf_logprobs(hf, tokens[row], p, p + TAIL_NEW, temperature=0.7), atol=1e-4, rtol=0)
+
+
 def _graphs_against_eager(hf_dir: str):
     from hybridflow.rollout.megatron_engine import MegatronRolloutEngine
     from megatron_adapters.hf_safetensors import load_hf_weights
@@ -149,6 +218,17 @@ def test_cuda_graph_decode_equals_eager(hf_model):
                                                                    args=(hf_model[0],), device="cuda")[0]
     assert torch.equal(graph_tok, eager_tok)
     torch.testing.assert_close(graph_lp, eager_lp, atol=1e-5, rtol=0)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_decode_of_fewer_rows_equals_eager(hf_model):
+    """Graphs captured at 32, 8 and 2 rows (and several attention buckets) give the eager tokens."""
+    sampling = SamplingParams(max_new_tokens=TAIL_NEW, temperature=0.8, seed=11)
+    eager, graphs = (run_distributed(_compacting_generate, world_size=1, device="cuda",
+                                     args=(hf_model[0], sampling, 4, "cuda", use))[0] for use in (False, True))
+    assert sorted(set(graphs[3]), reverse=True) == [32, 8, 2]
+    assert torch.equal(graphs[0], eager[0]) and torch.equal(graphs[1], eager[1])
+    torch.testing.assert_close(graphs[2], eager[2], atol=1e-5, rtol=0)
 
 
 def _rotations(dtype: torch.dtype):
