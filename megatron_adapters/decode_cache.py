@@ -12,7 +12,9 @@ column being decoded is a device tensor (`DecodeCache.start`), so one captured g
   `KVCacheAttention` rotates queries and keys with them (`rotate`). megatron's unfused RoPE would recompute cos
   and sin from the angles in every layer, 12 small kernels per tensor: at decode sizes those launches, not the
   arithmetic, are the cost (a 1B decode step is ~600 kernels), and `rotate` takes 4.
-- `attach_decode_cache(model, batch, max_len)` wires both in for one generation and takes them out after.
+- `new_decode_cache(model, batch, max_len)` makes the buffers and tables; `attach_decode_cache(model, cache)` wires
+  both in for one generation and takes them out after. The cache outlives the generation, so the rollout engine
+  keeps it (and the graphs captured over it) from one generation to the next.
 - `last_position_logits(model)`: while active, the output layer sees only the last position, so a prefill
   does not materialize [batch, prompt, vocab] logits to use one column of them.
 """
@@ -45,6 +47,7 @@ class DecodeCache:
     values: list[torch.Tensor] = field(default_factory=list)
     allowed: torch.Tensor | None = None  # this decode step's key mask, built by the first layer
     rotary: tuple[torch.Tensor, torch.Tensor] | None = None  # this forward's (cos, signed sin), see `rotate`
+    positioned: PositionedRotary | None = None  # the model's rotary embedding while attached
 
     def keep_rows(self, rows: torch.Tensor) -> None:
         """Move the cached keys/values of batch rows `rows` (n indices) to rows 0..n-1, in that order; the
@@ -128,32 +131,44 @@ class PositionedRotary(torch.nn.Module):
         return None
 
 
-@contextlib.contextmanager
-def attach_decode_cache(model: torch.nn.Module, batch: int, max_len: int) -> Iterator[DecodeCache]:
-    """Give every `KVCacheAttention` of `model` (built with spec "decode", PP 1) a KV cache for `batch` rows
-    of up to `max_len` columns; yields the cache, whose buffers are freed on exit."""
+def _cached_layers(model: torch.nn.Module) -> list[KVCacheAttention]:
     layers = [m for m in model.modules() if isinstance(m, SdpaCoreAttention)]
     if not layers or not all(isinstance(m, KVCacheAttention) for m in layers):
         raise ValueError("spec: the rollout model needs the 'decode' layer spec (KVCacheAttention)")
+    return layers
+
+
+def new_decode_cache(model: torch.nn.Module, batch: int, max_len: int) -> DecodeCache:
+    """A KV cache for `model` (built with spec "decode", PP 1): buffers for `batch` rows of up to `max_len`
+    columns, and the rotary tables. It holds its memory until dropped, so graphs captured over it can replay
+    in a later generation; `attach_decode_cache` wires it in."""
+    layers = _cached_layers(model)
     weight = next(model.parameters())
     config = layers[0].config
     cache = DecodeCache(torch.zeros(1, dtype=torch.long, device=weight.device), max_len, max_len)
-    rotary = model.rotary_pos_emb
-    positioned = PositionedRotary(rotary, cache, weight.dtype, config.kv_channels)  # refuses before any change
-    for slot, layer in enumerate(layers):
+    cache.positioned = PositionedRotary(model.rotary_pos_emb, cache, weight.dtype, config.kv_channels)  # may refuse
+    for layer in layers:
         shape = (batch, layer.groups_per_partition, max_len, config.kv_channels)
         cache.keys.append(torch.zeros(shape, dtype=weight.dtype, device=weight.device))
         cache.values.append(torch.zeros(shape, dtype=weight.dtype, device=weight.device))
+    return cache
+
+
+@contextlib.contextmanager
+def attach_decode_cache(model: torch.nn.Module, cache: DecodeCache) -> Iterator[DecodeCache]:
+    """Give every `KVCacheAttention` of `model` the cache (from `new_decode_cache(model, ...)`) and the
+    positioned rotary while active; the model is as built again afterwards."""
+    layers = _cached_layers(model)
+    cache.start.zero_()  # a generation starts with a prefill at column 0, whatever the last one left here
+    for slot, layer in enumerate(layers):
         layer.cache, layer.layer_slot = cache, slot
-    model.rotary_pos_emb = positioned
+    rotary, model.rotary_pos_emb = model.rotary_pos_emb, cache.positioned
     try:
         yield cache
     finally:
         model.rotary_pos_emb = rotary
         for layer in layers:
             layer.cache = None
-        cache.keys.clear()
-        cache.values.clear()
 
 
 @contextlib.contextmanager

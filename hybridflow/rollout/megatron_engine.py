@@ -20,16 +20,16 @@ from hybridflow.rollout.decode_step import ATTEND_BUCKET, DecodeStep
 from hybridflow.rollout.sampling import sample_next
 from hybridflow.token_kinds import TokenKind, prompt_kinds
 from megatron_adapters.bridge import TargetFormat, WeightBridge
-from megatron_adapters.decode_cache import attach_decode_cache, last_position_logits
+from megatron_adapters.decode_cache import DecodeCache, attach_decode_cache, last_position_logits, new_decode_cache
 from megatron_adapters.model import build_gpt, model_shape
 
 # Reading `done` on the host synchronises with the device; on a GPU checking every few steps lets the host
 # queue the next steps' kernels meanwhile (steps after every row is done write only padding).
 GPU_DONE_CHECK_EVERY = 8
 # When at most 1/COMPACT_FACTOR of the rows a step decodes are still unfinished, those move to the front and
-# later steps decode only them: responses are long-tailed (at 256 rows of a 46-token mean, one row can run to the
-# 160-token limit), and the tail's steps then cost what a small batch costs. Each new row count is a new CUDA
-# graph, so the factor bounds the captures per generation to log_4(batch).
+# later steps decode only the first 1/COMPACT_FACTOR of the rows: responses are long-tailed (at 256 rows of a
+# 46-token mean, one row can run to the 160-token limit), and the tail's steps then cost what a small batch costs.
+# Row counts are batch / 4^k, so a run captures a graph for each of a few counts once (see `_decoder_for`).
 COMPACT_FACTOR = 4
 
 
@@ -48,6 +48,7 @@ class MegatronRolloutEngine:
                  compact_factor: int = COMPACT_FACTOR):
         self.model = model
         self.compact_factor = compact_factor
+        self._decoder: tuple[tuple, DecodeCache, DecodeStep] | None = None
         self.tp_group = tp_group
         self.vocab_size = vocab_size
         self.use_graphs = use_graphs
@@ -76,11 +77,11 @@ class MegatronRolloutEngine:
         # runs on those only. order[slot] is the slot's row in `batch`; results go back in that order at the end.
         order = torch.arange(bsz, device=device)
         live = bsz
-        with attach_decode_cache(self.model, bsz, total) as cache:
+        cache, step = self._decoder_for(bsz, total, device)
+        with attach_decode_cache(self.model, cache):
             positions = torch.arange(end, device=device).expand(bsz, end)
             with last_position_logits(self.model):  # prefill from column 0; only its last logits are used
                 logits = self.model(tokens[:, :end], positions, None)[:, -1, :]
-            step = DecodeStep(self.model, cache, bsz, device, self.attend_bucket, self.use_graphs)
             while True:
                 next_tok, next_logp = self._sample(logits, sampling, generator)
                 in_prompt = end < prompt_lens[:live]
@@ -99,17 +100,39 @@ class MegatronRolloutEngine:
                     decoding = int((~done[:live]).sum())  # the one host read
                     if decoding == 0:
                         break
-                    if self.compact_factor and decoding * self.compact_factor <= live:
+                    fewer = self._compacted(live, decoding)
+                    if fewer < live:
                         slots = torch.argsort(done[:live].to(torch.int8), stable=True)  # decoding slots first
                         for state in (tokens, logprobs, kinds, done, prompt_lens, last_col, order):
                             state[:live] = state[:live].index_select(0, slots)
-                        cache.keep_rows(slots[:decoding])
-                        live = decoding
+                        cache.keep_rows(slots[:fewer])
+                        live = fewer
                 logits = step(tokens[:live, end - 1 : end], end - 1)
         back = order.argsort()
         tokens, logprobs, kinds = tokens[back], logprobs[back], kinds[back]
         # the log-probs cost nothing here (a gather per step); dropped when not asked for, as vLLM does
         return RolloutBatch(tokens, batch.prompt_lens, kinds, logprobs if sampling.logprobs else None)
+
+    def _compacted(self, live: int, decoding: int) -> int:
+        """The rows later steps feed once `decoding` of `live` are unfinished: live / compact_factor^k for the
+        largest k that still holds them, so every generation uses the same few row counts (graphs)."""
+        rows = live
+        while self.compact_factor and decoding * self.compact_factor <= rows and rows >= self.compact_factor:
+            rows //= self.compact_factor
+        return rows
+
+    def _decoder_for(self, bsz: int, total: int, device: torch.device) -> tuple[DecodeCache, DecodeStep]:
+        """The KV cache and decode step (with its CUDA graphs) for a batch of `bsz` x `total`, kept from the last
+        generation when the shape and the weights' storage are the same (a graph reads both by address): graphs
+        are captured once per run, not per generation. The cache stays allocated in between, as the plan has it
+        (hybridflow.placement.memory counts the rollout's KV cache for the whole batch beside the training roles)."""
+        key = (bsz, total, tuple(p.data_ptr() for p in self.model.parameters()))
+        if self._decoder is None or self._decoder[0] != key:
+            self._decoder = None  # the old buffers go before the new ones are allocated
+            cache = new_decode_cache(self.model, bsz, total)
+            self._decoder = key, cache, DecodeStep(self.model, cache, bsz, device, self.attend_bucket,
+                                                   self.use_graphs)
+        return self._decoder[1], self._decoder[2]
 
     def _sample(
         self, local_logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator
@@ -145,10 +168,10 @@ class MegatronRolloutEngine:
         """The bridge writes straight into the model's parameters."""
 
     def weights_written(self) -> None:
-        """Nothing is cached across `generate` calls."""
+        """Nothing to do: the weights were written in place, where the kept decode graphs read them."""
 
     def sleep(self) -> None:
-        """Nothing to hand back: the KV cache lives only inside one `generate` call."""
+        """Nothing to hand back: the KV cache and decode graphs stay between generations (see `_decoder_for`)."""
 
     def wake_up(self, tags: tuple[str, ...] = ("weights", "kv_cache")) -> None:
         """Nothing to take back (see `sleep`)."""

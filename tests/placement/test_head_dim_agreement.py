@@ -18,7 +18,7 @@ MATMULS = ("linear_qkv.weight", "linear_proj.weight", "linear_fc1.weight", "line
 
 
 def _runtime_rank(path):
-    from megatron_adapters.decode_cache import attach_decode_cache
+    from megatron_adapters.decode_cache import new_decode_cache
     from megatron_adapters.model import build_gpt
     from megatron_adapters.process_groups import build_role_groups
 
@@ -27,8 +27,8 @@ def _runtime_rank(path):
         model = build_gpt(path, build_role_groups([0, 1], tp=tp, pp=1, dp=2 // tp), spec="decode")
         named = dict(model.named_parameters())
         matmul = sum(p.numel() for n, p in named.items() if n.startswith("decoder.") and n.endswith(MATMULS))
-        with attach_decode_cache(model, batch=3, max_len=5) as cache:
-            kv = sum(t.numel() * t.element_size() for t in (*cache.keys, *cache.values)) // (3 * 5)
+        cache = new_decode_cache(model, batch=3, max_len=5)
+        kv = sum(t.numel() * t.element_size() for t in (*cache.keys, *cache.values)) // (3 * 5)
         out[tp] = (sum(p.numel() for p in named.values()), matmul, kv, model.config.kv_channels)
     dist.barrier()
     return out

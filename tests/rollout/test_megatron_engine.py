@@ -1,7 +1,8 @@
 """The native rollout engine against Hugging Face transformers: greedy tokens equal HF's `generate`, the
 sampled tokens' log-probs equal HF's log-softmax, at TP 1 and TP 2 (gloo), with prompts of different
 lengths in one batch and a stop token; attention-length buckets across the four families; the unfinished
-rows moved to the front and decoded alone; on a GPU, CUDA graph decode equal to eager, compaction included."""
+rows moved to the front and decoded alone; the cache and decode graphs kept from one generation to the next; on
+a GPU, CUDA graph decode equal to eager, compaction and kept graphs included."""
 
 import pytest
 import torch
@@ -194,6 +195,57 @@ def test_unfinished_rows_decode_alone_and_match_hf(hf_model):
                                    _hf_logprobs(hf, tokens[row], p, p + TAIL_NEW, temperature=0.7), atol=1e-4, rtol=0)
 
 
+def _generations(hf_dir: str, sampling: SamplingParams, device: str = "cpu", use_graphs: bool | None = None):
+    """One engine generates the tail batch, then its rows reversed, then (its weights moved to new storage with
+    the same values) the reversed rows again; a fresh engine generates the reversed rows. Returns the four
+    (tokens, log-probs) and how many decode steps (with their graphs) the first engine built."""
+    import hybridflow.rollout.megatron_engine as engine_module
+    from megatron_adapters.hf_safetensors import load_hf_weights
+    from megatron_adapters.model import build_gpt, model_shape
+    from megatron_adapters.process_groups import build_role_groups, seed_role_rng
+
+    built = []
+
+    class CountingStep(engine_module.DecodeStep):
+        def __init__(self, *args, **kwargs):
+            built.append(1)
+            super().__init__(*args, **kwargs)
+
+    engine_module.DecodeStep = CountingStep
+    pgs = build_role_groups([0], tp=1, pp=1, dp=1)
+    seed_role_rng(0, pgs)
+
+    def engine():
+        model = build_gpt(hf_dir, pgs, spec="decode")
+        load_hf_weights(model, hf_dir)
+        return engine_module.MegatronRolloutEngine(model, pgs.tp, model_shape(hf_dir).vocab_size,
+                                                   use_graphs=use_graphs, attend_bucket=8)
+
+    tail = _tail_batch(device)
+    reversed_rows = RolloutBatch(tail.tokens.flip(0), tail.prompt_lens.flip(0))
+    kept = engine()
+    outs = [kept.generate(tail, sampling), kept.generate(reversed_rows, sampling)]
+    steps_built = len(built)
+    kept.share_weights({name: t.clone() for name, t in kept.weight_tensors().items()})
+    outs.append(kept.generate(reversed_rows, sampling))
+    rebuilt = len(built) - steps_built
+    outs.append(engine().generate(reversed_rows, sampling))
+    return [(o.tokens.cpu(), o.logprobs.cpu()) for o in outs], steps_built, rebuilt
+
+
+def test_decode_cache_and_graphs_kept_between_generations(hf_model):
+    """The second generation reuses the first one's cache (whose old keys it must not see) and decode step; new
+    weight storage gets new ones. Every output equals a fresh engine's."""
+    sampling = SamplingParams(max_new_tokens=TAIL_NEW, temperature=0.0)
+    outs, steps_built, rebuilt = run_distributed(_generations, world_size=1, args=(hf_model[0], sampling))[0]
+    assert (steps_built, rebuilt) == (1, 1)
+    fresh_tok, fresh_lp = outs[3]
+    for tok, lp in outs[1:3]:
+        assert torch.equal(tok, fresh_tok)
+        torch.testing.assert_close(lp, fresh_lp, atol=1e-6, rtol=0)
+    assert torch.equal(outs[0][0], fresh_tok.flip(0))
+
+
 def _graphs_against_eager(hf_dir: str):
     from hybridflow.rollout.megatron_engine import MegatronRolloutEngine
     from megatron_adapters.hf_safetensors import load_hf_weights
@@ -218,6 +270,17 @@ def test_cuda_graph_decode_equals_eager(hf_model):
                                                                    args=(hf_model[0],), device="cuda")[0]
     assert torch.equal(graph_tok, eager_tok)
     torch.testing.assert_close(graph_lp, eager_lp, atol=1e-5, rtol=0)
+
+
+@pytest.mark.gpu
+def test_kept_cuda_graphs_equal_a_fresh_engine(hf_model):
+    sampling = SamplingParams(max_new_tokens=TAIL_NEW, temperature=0.8, seed=3)
+    outs, steps_built, rebuilt = run_distributed(_generations, world_size=1, device="cuda",
+                                                 args=(hf_model[0], sampling, "cuda", True))[0]
+    assert (steps_built, rebuilt) == (1, 1)
+    for tok, lp in outs[1:3]:
+        assert torch.equal(tok, outs[3][0])
+        torch.testing.assert_close(lp, outs[3][1], atol=1e-5, rtol=0)
 
 
 @pytest.mark.gpu
