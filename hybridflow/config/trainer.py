@@ -56,7 +56,8 @@ class TrainerConfig:
     profile_step: int = bounded(0, ge=0)
     # Every model role's log-probs and entropies through torch.compile'd kernels (megatron_adapters.logprobs): each
     # chunk reads the logits once instead of ~6 fp32 passes over [tokens, vocab]. Compiles on first use (CPU: a C++
-    # compiler; ~1 min there). Off until a GPU run measures it (benchmarks/README.md).
+    # compiler; ~1 min there), so off by default; grpo_smollm2 turns it on (an H100 step: ref 0.19 -> 0.15 s, update
+    # 0.59 -> 0.45 s; benchmarks/README.md, 2026-12-07).
     compile_logprobs: bool = False
 
 

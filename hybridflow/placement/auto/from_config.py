@@ -60,7 +60,7 @@ def workload_from_config(cfg: ExperimentConfig) -> Workload:
                  cfg.roles.get(name).micro_batch_size,
                  cfg.roles.get(name).forward_micro_batch_size(seq), cfg.roles.get(name).update_micro_batch_size(seq),
                  offloaded_share(cfg.roles.get(name)) if role_record(name).trained else 0.0,
-                 preparation_passes=2 if name == Role.ACTOR and _on_actor(cfg, Role.REF) else 1,
+                 preparation_passes=_preparation_passes(cfg, name),
                  adapter_params=_adapter_params(cfg, name),
                  syncs_adapters=name == Role.ACTOR and syncs_adapters(cfg))
         for name in model_roles() if cfg.roles.get(name).enabled and not _on_actor(cfg, name))
@@ -72,6 +72,17 @@ def workload_from_config(cfg: ExperimentConfig) -> Workload:
                     mini_batch_size=cfg.algorithm.mini_batch_size, ppo_epochs=cfg.algorithm.ppo_epochs,
                     rollout_offloads_weights=engine_of(cfg).weights_on_host_while_sleeping(cfg.rollout.sleep_level),
                     rollout_engine=cfg.rollout.engine, rollout_lag=int(lag))
+
+
+def _preparation_passes(cfg: ExperimentConfig, role: str) -> float:
+    """Forward passes `role` makes over the batch per step, on average: the actor's pi_old every step
+    (algorithm.old_logprobs=actor) or, taken from the rollout, only on the parity gate's steps (trainer.parity_every,
+    as RLStep.recomputes_old_logprobs runs them), plus the reference's when that is the actor's base."""
+    if role != Role.ACTOR:
+        return 1.0
+    every = cfg.trainer.parity_every
+    old = 1.0 if cfg.algorithm.old_logprobs == Role.ACTOR else (1.0 / every if every else 0.0)
+    return old + (1.0 if _on_actor(cfg, Role.REF) else 0.0)
 
 
 def _adapter_params(cfg: ExperimentConfig, role: str) -> int:

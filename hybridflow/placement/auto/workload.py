@@ -103,9 +103,10 @@ class RoleWork:
     # Share of the optimizer megatron's HybridDeviceOptimizer steps on the host (roles.<role>.offload_fraction
     # with offload_optimizer; 0 = all on the GPU).
     offload_fraction: float = 0.0
-    # Forward passes over the batch in preparation: 2 for an actor whose model also gives the reference's
-    # log-probs (adapters off: config.parallel.reference_is_actor_base), else 1.
-    preparation_passes: int = 1
+    # Forward passes over the batch in preparation, per step on average: 1, +1 for an actor whose model also gives
+    # the reference's log-probs (adapters off: config.parallel.reference_is_actor_base), and an actor taking pi_old
+    # from the rollout recomputes it only on parity steps (1 / trainer.parity_every).
+    preparation_passes: float = 1.0
     # LoRA adapter weights of the whole model (`ModelCostShape.lora_params`): the update trains only them over
     # the frozen base (no weight-gradient GEMMs, gradients or optimizer state for it); 0 = full training.
     adapter_params: int = 0

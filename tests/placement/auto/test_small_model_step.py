@@ -5,16 +5,19 @@ benchmarks/results/smollm2_h200_20261204/; stage means: generate 0.87, ref 0.22,
 import pytest
 
 from hybridflow.placement import plan_placement
-from hybridflow.placement.auto.from_config import plan_candidate
+from hybridflow.placement.auto.device import efficiency_for
+from hybridflow.placement.auto.from_config import plan_candidate, workload_from_config
 from hybridflow.resolve import resolve_experiment
 
 MEASURED_STEP_S = 1.97
 MEASURED_FORWARD_PASS_S = 0.22  # ref and old log-probs alike: 256 samples in 4 micro-batches of 64 rows
 MEASURED_UPDATE_S = 0.62
+# the recipe as it ran then: pi_old recomputed every step, eager log-prob kernels
+MEASURED_SETTINGS = ["algorithm.old_logprobs=actor", "trainer.parity_every=1", "trainer.compile_logprobs=false"]
 
 
-def _predicted():
-    cfg = resolve_experiment("grpo_smollm2", [])
+def _predicted(overrides=MEASURED_SETTINGS):
+    cfg = resolve_experiment("grpo_smollm2", list(overrides))
     return cfg, plan_candidate(cfg, plan_placement(cfg))
 
 
@@ -23,8 +26,6 @@ def _stage(candidate, role: str, stage: str) -> float:
 
 
 def test_forward_passes_cost_their_micro_batches_host_time():
-    from hybridflow.placement.auto.device import efficiency_for
-
     _, candidate = _predicted()
     pass_overhead = efficiency_for("H200").role_pass_overhead_s
     assert _stage(candidate, "ref", "preparation") - pass_overhead == pytest.approx(MEASURED_FORWARD_PASS_S,
@@ -37,3 +38,15 @@ def test_grpo_smollm2_step_within_20_percent_of_the_measured_one():
     _, candidate = _predicted()
     assert candidate.total == pytest.approx(MEASURED_STEP_S, rel=0.2)
     assert _stage(candidate, "actor", "training") == pytest.approx(MEASURED_UPDATE_S, rel=0.1)
+
+
+def test_pi_old_from_the_rollout_costs_the_actor_pass_on_parity_steps_only():
+    """grpo_smollm2 takes pi_old from the native engine and recomputes it every 10th step (the parity gate), so the
+    actor's preparation is a tenth of a pass per step on average; recomputed every step it is a whole one."""
+    passes = {tuple(o): workload_from_config(resolve_experiment("grpo_smollm2", o)).role("actor").preparation_passes
+              for o in ([], ["trainer.parity_every=0"], ["algorithm.old_logprobs=actor"])}
+    assert list(passes.values()) == [pytest.approx(0.1), 0.0, 1.0]
+    (_, rollout), (_, actor) = _predicted([]), _predicted()
+    overhead = efficiency_for("H200").role_pass_overhead_s  # paid per stage, whatever its passes
+    one_pass = _stage(actor, "actor", "preparation") - overhead
+    assert _stage(rollout, "actor", "preparation") - overhead == pytest.approx(one_pass / 10)
