@@ -158,7 +158,7 @@ for s in "${stages[@]}"; do
         # a variant's runs apart (archived as <name>.tar.gz).
         case "$s" in
         smollm2) sides=(--sides hybridflow --) ;;
-        smollm2-vllm) sides=(--sides hybridflow -- rollout=vllm) ;;
+        smollm2-vllm) sides=(--sides hybridflow -- rollout=vllm algorithm.old_logprobs=actor) ;;
         trl-curve) sides=(--sides trl --) ;;
         esac
         # shellcheck disable=SC2086  # CURVE_ARGS: trl_curve's flags; CURVE_OVERRIDES: hydra overrides
