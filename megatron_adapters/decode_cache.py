@@ -8,7 +8,7 @@ column being decoded is a device tensor (`DecodeCache.start`), so one captured g
   fed keys/values at their columns and attends a decode token over the first `attend_len` cached columns
   (masked past the token's own column). A forward of b rows uses the cache's first b rows.
 - `PositionedRotary` stands in for the model's rotary embedding while a cache is attached: it reads the cos and
-  sin of the fed tokens' true columns (device-side start column) from tables made once per generation, and
+  sin of the fed tokens' true columns (device-side start column) from tables made once per cache, and
   `KVCacheAttention` rotates queries and keys with them (`rotate`). megatron's unfused RoPE would recompute cos
   and sin from the angles in every layer, 12 small kernels per tensor: at decode sizes those launches, not the
   arithmetic, are the cost (a 1B decode step is ~600 kernels), and `rotate` takes 4.

@@ -54,9 +54,9 @@ class DecodeStep:
     def _capture(self, rows: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         """Capture the step at the current bucket. Before the first capture, one eager step on a side stream
         does the lazy set-up (cuBLAS workspaces, kernel selection) that must not land in a graph; it writes
-        the same keys/values at the same column the real step writes. Later buckets and row counts need no warm-up
-(the GPU test captures several of each). Graphs share one memory pool: they replay one at a time, and a
-step's logits are consumed before the next replay."""
+        the same keys/values at the same column the real step writes. Later buckets and row counts need no
+        warm-up (the GPU tests capture several of each). Graphs share one memory pool: they replay one at a time,
+        and a step's logits are consumed before the next replay."""
         if not self._warmed_up:
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())

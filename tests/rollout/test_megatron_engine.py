@@ -316,7 +316,7 @@ def _rotations(dtype: torch.dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_decode_rotation_is_megatrons_rope_bit_for_bit(dtype):
-    """`rotate` with the cos / signed-sin tables `PositionedRotary` makes once per generation equals megatron's
+    """`rotate` with the cos / signed-sin tables `PositionedRotary` makes once per cache equals megatron's
     unfused RoPE (which recomputes cos and sin per layer), at columns read from the device-side start; RoPE it
     does not compute (interleaved, partial) is refused."""
     returned, got, want, refused = run_distributed(_rotations, world_size=1, args=(dtype,))[0]
