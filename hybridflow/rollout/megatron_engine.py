@@ -83,7 +83,8 @@ class MegatronRolloutEngine:
             with last_position_logits(self.model):  # prefill from column 0; only its last logits are used
                 logits = self.model(tokens[:, :end], positions, None)[:, -1, :]
             while True:
-                next_tok, next_logp = self._sample(logits, sampling, generator)
+                next_tok, next_logp = self._sample(logits, sampling, generator, order[:live] if live < bsz else None,
+                                                   bsz)
                 in_prompt = end < prompt_lens[:live]
                 is_response = ~in_prompt & ~done[:live] & (end < last_col[:live])
                 col = tokens[:live, end]
@@ -135,15 +136,24 @@ class MegatronRolloutEngine:
         return self._decoder[1], self._decoder[2]
 
     def _sample(
-        self, local_logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator
+        self, local_logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator,
+        rows: torch.Tensor | None, batch: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Gather the vocab-parallel logits of the last position, sample on TP rank 0, share the result."""
+        """Gather the vocab-parallel logits of the last position, sample on TP rank 0, share the result.
+
+        The random draws are made for every row of the batch (`batch`), in batch order, and the rows still
+        decoding (`rows`, None = all) use theirs: moving rows to the front changes no sample."""
         world = dist.get_world_size(self.tp_group)
         if world > 1:
             parts = [torch.empty_like(local_logits) for _ in range(world)]
             dist.all_gather(parts, local_logits.contiguous(), group=self.tp_group)
             local_logits = torch.cat(parts, dim=-1)
-        tok, logp = sample_next(local_logits[:, : self.vocab_size], sampling, generator)
+        noise = None
+        if sampling.temperature > 0:
+            noise = torch.empty(batch, self.vocab_size, dtype=torch.float32, device=local_logits.device)
+            noise = noise.exponential_(generator=generator)
+            noise = noise if rows is None else noise.index_select(0, rows)
+        tok, logp = sample_next(local_logits[:, : self.vocab_size], sampling, generator, noise)
         if world > 1:  # every TP rank drew from the same generator state; rank 0's draw is the truth
             dist.broadcast(tok, self._tp_src, group=self.tp_group)
             dist.broadcast(logp, self._tp_src, group=self.tp_group)

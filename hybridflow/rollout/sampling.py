@@ -8,12 +8,14 @@ from hybridflow.rollout.base import SamplingParams
 
 
 def sample_next(
-    logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None
+    logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None,
+    noise: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row and return (tokens [B], logprobs [B]).
 
     The log-prob is taken under log_softmax(logits / temperature) before top-k/top-p filtering, the same
-    quantity the actor recomputes in training, so the parity gate compares like with like.
+    quantity the actor recomputes in training, so the parity gate compares like with like. `noise`: the Exp(1)
+    draws of the race below, fp32 like `logits` (default: drawn here from `generator`).
     """
     logits = logits.float()
     if sampling.temperature <= 0:  # greedy
@@ -36,6 +38,8 @@ def sample_next(
     # does for one sample, without multinomial's host-side validity checks (two syncs per decode step).
     # A draw of exactly 0 would turn a filtered token's 0 / 0 into NaN, hence the clamp.
     probs = filtered.softmax(dim=-1)
-    race = torch.empty_like(probs).exponential_(generator=generator).clamp_(min=torch.finfo(probs.dtype).tiny)
+    if noise is None:
+        noise = torch.empty_like(probs).exponential_(generator=generator)
+    race = noise.clamp(min=torch.finfo(probs.dtype).tiny)
     tokens = (probs / race).argmax(dim=-1)
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
