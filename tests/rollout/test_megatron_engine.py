@@ -15,23 +15,30 @@ PROMPTS = ([5, 9, 13, 2, 7], [3, 4], [11, 12, 6])
 NEW = 6
 
 
-def _prompt_batch(width: int) -> RolloutBatch:
-    tokens = torch.zeros(len(PROMPTS), width, dtype=torch.long)
-    for row, p in enumerate(PROMPTS):
+def _prompt_batch(width: int, prompts=PROMPTS, device: str = "cpu") -> RolloutBatch:
+    tokens = torch.zeros(len(prompts), width, dtype=torch.long)
+    for row, p in enumerate(prompts):
         tokens[row, : len(p)] = torch.tensor(p)
-    return RolloutBatch(tokens, torch.tensor([len(p) for p in PROMPTS]))
+    return RolloutBatch(tokens.to(device), torch.tensor([len(p) for p in prompts], device=device))
+
+
+def _native_engine(hf_dir: str, tp: int = 1, **engine_args):
+    """The native engine on a "decode"-spec model holding the checkpoint's weights, at TP `tp` on ranks 0..tp-1
+    (megatron_engine.MegatronRolloutEngine as the module has it when called: tests may swap its DecodeStep)."""
+    import hybridflow.rollout.megatron_engine as engine_module
+    from megatron_adapters.hf_safetensors import load_hf_weights
+    from megatron_adapters.model import build_gpt, model_shape
+    from megatron_adapters.process_groups import build_role_groups, seed_role_rng
+
+    pgs = build_role_groups(list(range(tp)), tp=tp, pp=1, dp=1)  # pooled: a second call reuses the groups
+    seed_role_rng(0, pgs)  # megatron initialises GPU weights under its model-parallel RNG tracker
+    model = build_gpt(hf_dir, pgs, spec="decode")
+    load_hf_weights(model, hf_dir)
+    return engine_module.MegatronRolloutEngine(model, pgs.tp, model_shape(hf_dir).vocab_size, **engine_args)
 
 
 def _generate(hf_dir: str, tp: int, sampling: SamplingParams, attend_bucket: int = 256):
-    from hybridflow.rollout.megatron_engine import MegatronRolloutEngine
-    from megatron_adapters.hf_safetensors import load_hf_weights
-    from megatron_adapters.model import build_gpt, model_shape
-    from megatron_adapters.process_groups import build_role_groups
-
-    pgs = build_role_groups(list(range(tp)), tp=tp, pp=1, dp=1)
-    model = build_gpt(hf_dir, pgs, spec="decode")
-    load_hf_weights(model, hf_dir)
-    engine = MegatronRolloutEngine(model, pgs.tp, model_shape(hf_dir).vocab_size, attend_bucket=attend_bucket)
+    engine = _native_engine(hf_dir, tp, attend_bucket=attend_bucket)
     out = engine.generate(_prompt_batch(max(map(len, PROMPTS)) + NEW), sampling)
     return out.tokens, out.loss_mask, out.logprobs
 
@@ -133,19 +140,13 @@ TAIL_NEW = 2
 
 
 def _tail_batch(device: str = "cpu") -> RolloutBatch:
-    tokens = torch.zeros(len(TAIL_PROMPTS), len(TAIL_PROMPTS[-1]) + TAIL_NEW, dtype=torch.long)
-    for row, p in enumerate(TAIL_PROMPTS):
-        tokens[row, : len(p)] = torch.tensor(p)
-    return RolloutBatch(tokens.to(device), torch.tensor([len(p) for p in TAIL_PROMPTS], device=device))
+    return _prompt_batch(len(TAIL_PROMPTS[-1]) + TAIL_NEW, TAIL_PROMPTS, device)
 
 
 def _compacting_generate(hf_dir: str, sampling: SamplingParams, compact_factor: int, device: str = "cpu",
                          use_graphs: bool | None = None, tp: int = 1):
     """(tokens, loss mask, log-probs, rows fed to each decode step) of the tail batch."""
     import hybridflow.rollout.megatron_engine as engine_module
-    from megatron_adapters.hf_safetensors import load_hf_weights
-    from megatron_adapters.model import build_gpt, model_shape
-    from megatron_adapters.process_groups import build_role_groups, seed_role_rng
 
     rows_fed = []
 
@@ -155,13 +156,7 @@ def _compacting_generate(hf_dir: str, sampling: SamplingParams, compact_factor: 
             return super().__call__(tokens, column)
 
     engine_module.DecodeStep = RecordingStep
-    pgs = build_role_groups(list(range(tp)), tp=tp, pp=1, dp=1)
-    seed_role_rng(0, pgs)
-    model = build_gpt(hf_dir, pgs, spec="decode")
-    load_hf_weights(model, hf_dir)
-    engine = engine_module.MegatronRolloutEngine(model, pgs.tp, model_shape(hf_dir).vocab_size,
-                                                 use_graphs=use_graphs, attend_bucket=8,
-                                                 compact_factor=compact_factor)
+    engine = _native_engine(hf_dir, tp, use_graphs=use_graphs, attend_bucket=8, compact_factor=compact_factor)
     out = engine.generate(_tail_batch(device), sampling)
     return out.tokens.cpu(), out.loss_mask.cpu(), out.logprobs.cpu(), rows_fed
 
@@ -202,9 +197,6 @@ def _generations(hf_dir: str, sampling: SamplingParams, device: str = "cpu", use
     the same values) the reversed rows again; a fresh engine generates the reversed rows. Returns the four
     (tokens, log-probs) and how many decode steps (with their graphs) the first engine built."""
     import hybridflow.rollout.megatron_engine as engine_module
-    from megatron_adapters.hf_safetensors import load_hf_weights
-    from megatron_adapters.model import build_gpt, model_shape
-    from megatron_adapters.process_groups import build_role_groups, seed_role_rng
 
     built = []
 
@@ -214,24 +206,15 @@ def _generations(hf_dir: str, sampling: SamplingParams, device: str = "cpu", use
             super().__init__(*args, **kwargs)
 
     engine_module.DecodeStep = CountingStep
-    pgs = build_role_groups([0], tp=1, pp=1, dp=1)
-    seed_role_rng(0, pgs)
-
-    def engine():
-        model = build_gpt(hf_dir, pgs, spec="decode")
-        load_hf_weights(model, hf_dir)
-        return engine_module.MegatronRolloutEngine(model, pgs.tp, model_shape(hf_dir).vocab_size,
-                                                   use_graphs=use_graphs, attend_bucket=8)
-
     tail = _tail_batch(device)
     reversed_rows = RolloutBatch(tail.tokens.flip(0), tail.prompt_lens.flip(0))
-    kept = engine()
+    kept = _native_engine(hf_dir, use_graphs=use_graphs, attend_bucket=8)
     outs = [kept.generate(tail, sampling), kept.generate(reversed_rows, sampling)]
     steps_built = len(built)
     kept.share_weights({name: t.clone() for name, t in kept.weight_tensors().items()})
     outs.append(kept.generate(reversed_rows, sampling))
     rebuilt = len(built) - steps_built
-    outs.append(engine().generate(reversed_rows, sampling))
+    outs.append(_native_engine(hf_dir, use_graphs=use_graphs, attend_bucket=8).generate(reversed_rows, sampling))
     return [(o.tokens.cpu(), o.logprobs.cpu()) for o in outs], steps_built, rebuilt
 
 
@@ -249,20 +232,10 @@ def test_decode_cache_and_graphs_kept_between_generations(hf_model):
 
 
 def _graphs_against_eager(hf_dir: str):
-    from hybridflow.rollout.megatron_engine import MegatronRolloutEngine
-    from megatron_adapters.hf_safetensors import load_hf_weights
-    from megatron_adapters.model import build_gpt, model_shape
-    from megatron_adapters.process_groups import build_role_groups, seed_role_rng
-
-    pgs = build_role_groups([0], tp=1, pp=1, dp=1)
-    seed_role_rng(0, pgs)  # megatron initialises GPU weights under its model-parallel RNG tracker
-    model = build_gpt(hf_dir, pgs, spec="decode")
-    load_hf_weights(model, hf_dir)
-    batch = _prompt_batch(max(map(len, PROMPTS)) + NEW)
-    batch = RolloutBatch(batch.tokens.cuda(), batch.prompt_lens.cuda())  # fp32 model: TF32 is off here
+    batch = _prompt_batch(max(map(len, PROMPTS)) + NEW, device="cuda")  # fp32 model: TF32 is off here
     sampling = SamplingParams(max_new_tokens=NEW, temperature=0.8, seed=11)
-    outs = [MegatronRolloutEngine(model, pgs.tp, model_shape(hf_dir).vocab_size, use_graphs=graphs,
-                                  attend_bucket=4).generate(batch, sampling) for graphs in (False, True)]
+    outs = [_native_engine(hf_dir, use_graphs=graphs, attend_bucket=4).generate(batch, sampling)
+            for graphs in (False, True)]
     return [(o.tokens.cpu(), o.logprobs.cpu()) for o in outs]
 
 
