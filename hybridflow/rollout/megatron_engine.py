@@ -39,7 +39,7 @@ class MegatronRolloutEngine:
 
     vocab_size is the tokenizer's true vocabulary: the padded tail of a vocab-parallel output layer is cut
     off before sampling. `use_graphs` (default: on CUDA) captures decode steps as CUDA graphs, one per
-    `attend_bucket` columns of context. `compact_factor` (0: never) is when the unfinished rows move to the
+    `attend_bucket` columns of context. `compact_factor` (0 or 1: never) is when the unfinished rows move to the
     front and decode alone (see COMPACT_FACTOR).
     """
 
@@ -118,7 +118,7 @@ class MegatronRolloutEngine:
         """The rows later steps feed once `decoding` of `live` are unfinished: live / compact_factor^k for the
         largest k that still holds them, so every generation uses the same few row counts (graphs)."""
         rows = live
-        while self.compact_factor and decoding * self.compact_factor <= rows and rows >= self.compact_factor:
+        while self.compact_factor > 1 and decoding * self.compact_factor <= rows:  # decoding >= 1: rows stays >= 1
             rows //= self.compact_factor
         return rows
 
