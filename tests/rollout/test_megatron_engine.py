@@ -82,19 +82,26 @@ def _hf_logprobs(hf, tokens: torch.Tensor, start: int, stop: int, temperature: f
     return torch.log_softmax(logits, -1)[start - 1 : stop - 1].gather(-1, tokens[start:stop, None])[:, 0]
 
 
+def _assert_greedy_matches_hf(hf, prompts, new: int, tokens, logprobs, mask=None) -> None:
+    """Each row: HF's greedy tokens for its prompt, `new` of them, with HF's log-probs (and, given `mask`, a loss
+    mask on exactly those tokens)."""
+    for row, prompt in enumerate(prompts):
+        p = len(prompt)
+        want = hf.generate(torch.tensor([prompt]), max_new_tokens=new, do_sample=False, eos_token_id=None,
+                           pad_token_id=0)[0]
+        assert tokens[row, : p + new].tolist() == want.tolist()
+        if mask is not None:
+            assert mask[row].tolist() == [0] * p + [1] * new + [0] * (tokens.shape[1] - p - new)
+        torch.testing.assert_close(logprobs[row, p : p + new], _hf_logprobs(hf, tokens[row], p, p + new),
+                                   atol=1e-4, rtol=0)
+
+
 @pytest.mark.parametrize("tp", [1, 2])
 def test_greedy_tokens_and_logprobs_match_hf(hf_model, tp):
     hf_dir, hf = hf_model
     sampling = SamplingParams(max_new_tokens=NEW, temperature=0.0)
     tokens, mask, logprobs = run_distributed(_generate, world_size=tp, args=(hf_dir, tp, sampling))[0]
-    for row, prompt in enumerate(PROMPTS):
-        p = len(prompt)
-        want = hf.generate(torch.tensor([prompt]), max_new_tokens=NEW, do_sample=False, eos_token_id=None,
-                           pad_token_id=0)[0]
-        assert tokens[row, : p + NEW].tolist() == want.tolist()
-        assert mask[row].tolist() == [0] * p + [1] * NEW + [0] * (tokens.shape[1] - p - NEW)
-        torch.testing.assert_close(logprobs[row, p : p + NEW], _hf_logprobs(hf, tokens[row], p, p + NEW),
-                                   atol=1e-4, rtol=0)
+    _assert_greedy_matches_hf(hf, PROMPTS, NEW, tokens, logprobs, mask)
 
 
 def test_sampling_stops_at_stop_token_and_logprobs_match_hf(hf_model):
@@ -124,13 +131,7 @@ def test_greedy_matches_hf_across_attention_buckets(tmp_path, kind):
     hf = save_tiny_model(kind, tmp_path, seed=4)
     sampling = SamplingParams(max_new_tokens=NEW, temperature=0.0)
     tokens, _, logprobs = run_distributed(_generate, world_size=1, args=(str(tmp_path), 1, sampling, 4))[0]
-    for row, prompt in enumerate(PROMPTS):
-        p = len(prompt)
-        want = hf.generate(torch.tensor([prompt]), max_new_tokens=NEW, do_sample=False, eos_token_id=None,
-                           pad_token_id=0)[0]
-        assert tokens[row, : p + NEW].tolist() == want.tolist()
-        torch.testing.assert_close(logprobs[row, p : p + NEW], _hf_logprobs(hf, tokens[row], p, p + NEW),
-                                   atol=1e-4, rtol=0)
+    _assert_greedy_matches_hf(hf, PROMPTS, NEW, tokens, logprobs)
 
 
 # 32 rows whose prompts are 1..32 tokens long, 2 new tokens each: rows finish one column apart, so the rows still
@@ -168,14 +169,7 @@ def test_unfinished_rows_decode_alone_and_match_hf(hf_model):
                                                        args=(hf_dir, greedy, 4))[0]
     assert sorted(set(rows_fed), reverse=True) == [32, 8, 2]  # the batch shrank twice
     assert rows_fed == sorted(rows_fed, reverse=True)
-    for row, prompt in enumerate(TAIL_PROMPTS):  # every row back in its place, with HF's tokens
-        p = len(prompt)
-        want = hf.generate(torch.tensor([prompt]), max_new_tokens=TAIL_NEW, do_sample=False, eos_token_id=None,
-                           pad_token_id=0)[0]
-        assert tokens[row, : p + TAIL_NEW].tolist() == want.tolist()
-        assert mask[row].tolist() == [0] * p + [1] * TAIL_NEW + [0] * (tokens.shape[1] - p - TAIL_NEW)
-        torch.testing.assert_close(logprobs[row, p : p + TAIL_NEW], _hf_logprobs(hf, tokens[row], p, p + TAIL_NEW),
-                                   atol=1e-4, rtol=0)
+    _assert_greedy_matches_hf(hf, TAIL_PROMPTS, TAIL_NEW, tokens, logprobs, mask)  # every row back in its place
     never = run_distributed(_compacting_generate, world_size=1, args=(hf_dir, greedy, 0))[0]
     assert set(never[3]) == {32} and torch.equal(never[0], tokens)
     for rank_out in run_distributed(_compacting_generate, world_size=2, args=(hf_dir, greedy, 4, "cpu", None, 2)):
