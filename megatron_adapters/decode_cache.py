@@ -12,6 +12,10 @@ column being decoded is a device tensor (`DecodeCache.start`), so one captured g
   `KVCacheAttention` rotates queries and keys with them (`rotate`). megatron's unfused RoPE would recompute cos
   and sin from the angles in every layer, 12 small kernels per tensor: at decode sizes those launches, not the
   arithmetic, are the cost (a 1B decode step is ~600 kernels), and `rotate` takes 4.
+- A cache made with `fused=True` (the engine's choice on a GPU) rotates and stores a decode token's query, key and
+  value through one torch.compile'd function (`rotate_and_store`): one or two kernels per layer instead of ~12
+  (`rotate` twice, two permuted copies, two index copies). Its numbers are eager's bit for bit: inductor is told to
+  round every intermediate to the model's dtype as eager does (`emulate_precision_casts`).
 - `new_decode_cache(model, batch, max_len)` makes the buffers and tables; `attach_decode_cache(model, cache)` wires
   both in for one generation and takes them out after. The cache outlives the generation, so the rollout engine
   keeps it (and the graphs captured over it) from one generation to the next.
@@ -48,6 +52,7 @@ class DecodeCache:
     allowed: torch.Tensor | None = None  # this decode step's key mask, built by the first layer
     rotary: tuple[torch.Tensor, torch.Tensor] | None = None  # this forward's (cos, signed sin), see `rotate`
     positioned: PositionedRotary | None = None  # the model's rotary embedding while attached
+    fused: bool = False  # a decode step rotates and stores through the compiled `rotate_and_store`
 
     def keep_rows(self, rows: torch.Tensor) -> None:
         """Move the cached keys/values of batch rows `rows` (n indices) to rows 0..n-1, in that order; the
@@ -61,6 +66,27 @@ def rotate(t: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torc
     t * cos + rotate_half(t) * sin, where rotate_half(t) * sin = [-t2 * sin1, t1 * sin2] is
     roll(t, dim / 2) * [-sin1, sin2] (a sign moved between factors is exact)."""
     return t * cos + t.roll(t.shape[-1] // 2, dims=-1) * signed_sin
+
+
+def rotate_and_store(query, key, value, cos, signed_sin, cached_k, cached_v, start):
+    """Rotate `query` and `key` ([s, b, heads, dim]) and write the rotated key and `value` into the first b rows
+    of the cache buffers at columns start .. start + s - 1; returns the rotated (query, key)."""
+    query, key = rotate(query, cos, signed_sin), rotate(key, cos, signed_sin)
+    columns = start + torch.arange(query.shape[0], device=query.device)
+    cached_k[:, :, columns] = key.permute(1, 2, 0, 3)  # an index_put: inductor stores into the buffer itself
+    cached_v[:, :, columns] = value.permute(1, 2, 0, 3)
+    return query, key
+
+
+_FUSED: dict[str, object] = {}
+
+
+def fused_rotate_and_store():
+    """`rotate_and_store` through torch.compile, made once per process (shapes dynamic: every layer and every
+    decode row count share it; one row is a second compile, as torch specializes sizes of 1)."""
+    if "fn" not in _FUSED:
+        _FUSED["fn"] = torch.compile(rotate_and_store, dynamic=True, options={"emulate_precision_casts": True})
+    return _FUSED["fn"]
 
 
 class KVCacheAttention(SdpaCoreAttention):
@@ -78,13 +104,10 @@ class KVCacheAttention(SdpaCoreAttention):
             return super().forward(query, key, value, attention_mask, attn_mask_type, attention_bias,
                                    packed_seq_params)
         sq, b, heads, dim = query.shape
-        cos, signed_sin = cache.rotary
-        query, key = rotate(query, cos, signed_sin), rotate(key, cos, signed_sin)
         # a decode step may feed only the first b rows (the rows still decoding, see DecodeStep)
         cached_k, cached_v = cache.keys[self.layer_slot][:b], cache.values[self.layer_slot][:b]
-        columns = cache.start + torch.arange(sq, device=query.device)
-        cached_k.index_copy_(2, columns, key.permute(1, 2, 0, 3))
-        cached_v.index_copy_(2, columns, value.permute(1, 2, 0, 3))
+        store = fused_rotate_and_store() if cache.fused and sq == 1 else rotate_and_store
+        query, key = store(query, key, value, *cache.rotary, cached_k, cached_v, cache.start)
         if sq > 1:  # prefill: starts at column 0, so the fed keys are the whole context (causal path)
             return super().forward(query, key, value, None)
         # One token per row: its query heads of each KV group stand in the "sequence" slot, so one SDPA
@@ -138,14 +161,15 @@ def _cached_layers(model: torch.nn.Module) -> list[KVCacheAttention]:
     return layers
 
 
-def new_decode_cache(model: torch.nn.Module, batch: int, max_len: int) -> DecodeCache:
+def new_decode_cache(model: torch.nn.Module, batch: int, max_len: int, fused: bool = False) -> DecodeCache:
     """A KV cache for `model` (built with spec "decode", PP 1): buffers for `batch` rows of up to `max_len`
     columns, and the rotary tables. It holds its memory until dropped, so graphs captured over it can replay
-    in a later generation; `attach_decode_cache` wires it in."""
+    in a later generation; `attach_decode_cache` wires it in. `fused`: decode steps rotate and store through the
+    compiled `rotate_and_store` (the first step at each new row count compiles, so not inside a graph capture)."""
     layers = _cached_layers(model)
     weight = next(model.parameters())
     config = layers[0].config
-    cache = DecodeCache(torch.zeros(1, dtype=torch.long, device=weight.device), max_len, max_len)
+    cache = DecodeCache(torch.zeros(1, dtype=torch.long, device=weight.device), max_len, max_len, fused=fused)
     cache.positioned = PositionedRotary(model.rotary_pos_emb, cache, weight.dtype, config.kv_channels)  # may refuse
     for layer in layers:
         shape = (batch, layer.groups_per_partition, max_len, config.kv_channels)

@@ -19,6 +19,11 @@ from megatron_adapters.decode_cache import DecodeCache
 ATTEND_BUCKET = 256
 
 
+def uses_graphs(device: torch.device, use_graphs: bool | None) -> bool:
+    """Whether decode steps on `device` replay CUDA graphs: `use_graphs`, by default on CUDA only."""
+    return device.type == "cuda" if use_graphs is None else use_graphs
+
+
 class DecodeStep:
     """`step(tokens [n, 1], column)` -> logits `[n, vocab shard]` of the next token, for the first n <= `batch`
     rows of the cache, fed at `column`; the KV cache attached to `model` (`cache`) is updated in place."""
@@ -26,7 +31,7 @@ class DecodeStep:
     def __init__(self, model: torch.nn.Module, cache: DecodeCache, batch: int, device: torch.device,
                  bucket: int = ATTEND_BUCKET, use_graphs: bool | None = None):
         self.model, self.cache, self.bucket = model, cache, bucket
-        self.use_graphs = device.type == "cuda" if use_graphs is None else use_graphs
+        self.use_graphs = uses_graphs(device, use_graphs)
         self.tokens = torch.zeros(batch, 1, dtype=torch.long, device=device)
         self.positions = torch.zeros(batch, 1, dtype=torch.long, device=device)
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
@@ -55,9 +60,10 @@ class DecodeStep:
         """Capture the step at the current bucket. Before the first capture, one eager step on a side stream
         does the lazy set-up (cuBLAS workspaces, kernel selection) that must not land in a graph; it writes
         the same keys/values at the same column the real step writes. Later buckets and row counts need no
-        warm-up (the GPU tests capture several of each). Graphs share one memory pool: they replay one at a time,
-        and a step's logits are consumed before the next replay."""
-        if not self._warmed_up:
+        warm-up (the GPU tests capture several of each), unless the cache is `fused`: torch.compile compiles at
+        the first call of a new row count, which must not happen inside a capture. Graphs share one memory pool:
+        they replay one at a time, and a step's logits are consumed before the next replay."""
+        if not self._warmed_up or self.cache.fused:
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from hybridflow.rollout.base import EngineSetup, RolloutBatch, SamplingParams
-from hybridflow.rollout.decode_step import ATTEND_BUCKET, DecodeStep
+from hybridflow.rollout.decode_step import ATTEND_BUCKET, DecodeStep, uses_graphs
 from hybridflow.rollout.sampling import sample_next
 from hybridflow.token_kinds import TokenKind, prompt_kinds
 from megatron_adapters.bridge import TargetFormat, WeightBridge
@@ -40,13 +40,15 @@ class MegatronRolloutEngine:
     vocab_size is the tokenizer's true vocabulary: the padded tail of a vocab-parallel output layer is cut
     off before sampling. `use_graphs` (default: on CUDA) captures decode steps as CUDA graphs, one per
     `attend_bucket` columns of context. `compact_factor` (0 or 1: never) is when the unfinished rows move to the
-    front and decode alone (see COMPACT_FACTOR).
+    front and decode alone (see COMPACT_FACTOR). `fuse_decode` (default: with graphs) rotates and stores each
+    layer's decode token through one torch.compile'd function (`megatron_adapters.decode_cache.rotate_and_store`).
     """
 
     def __init__(self, model: torch.nn.Module, tp_group: dist.ProcessGroup, vocab_size: int,
                  use_graphs: bool | None = None, attend_bucket: int = ATTEND_BUCKET,
-                 compact_factor: int = COMPACT_FACTOR):
+                 compact_factor: int = COMPACT_FACTOR, fuse_decode: bool | None = None):
         self.model = model
+        self.fuse_decode = fuse_decode
         self.compact_factor = compact_factor
         self._decoder: tuple[tuple, DecodeCache, DecodeStep] | None = None
         self.tp_group = tp_group
@@ -130,9 +132,10 @@ class MegatronRolloutEngine:
         key = (bsz, total, tuple(p.data_ptr() for p in self.model.parameters()))
         if self._decoder is None or self._decoder[0] != key:
             self._decoder = None  # the old buffers go before the new ones are allocated
-            cache = new_decode_cache(self.model, bsz, total)
-            self._decoder = key, cache, DecodeStep(self.model, cache, bsz, device, self.attend_bucket,
-                                                   self.use_graphs)
+            graphs = uses_graphs(device, self.use_graphs)
+            fused = graphs if self.fuse_decode is None else self.fuse_decode
+            cache = new_decode_cache(self.model, bsz, total, fused=fused)
+            self._decoder = key, cache, DecodeStep(self.model, cache, bsz, device, self.attend_bucket, graphs)
         return self._decoder[1], self._decoder[2]
 
     def _sample(

@@ -2,7 +2,8 @@
 sampled tokens' log-probs equal HF's log-softmax, at TP 1 and TP 2 (gloo), with prompts of different
 lengths in one batch and a stop token; attention-length buckets across the four families; the unfinished
 rows moved to the front and decoded alone; the cache and decode graphs kept from one generation to the next; on
-a GPU, CUDA graph decode equal to eager, compaction and kept graphs included."""
+a GPU, CUDA graph decode (with its fused rotate-and-store) equal to eager, compaction and kept graphs included;
+the fused rotate-and-store equal to eager to the bit."""
 
 import pytest
 import torch
@@ -292,3 +293,53 @@ def test_decode_rotation_is_megatrons_rope_bit_for_bit(dtype):
     assert returned is None  # megatron gets no angles: it skips its own RoPE
     assert got.dtype == dtype and torch.equal(got, want)
     assert len(refused) == 2 and all("rotates like Llama" in r for r in refused)
+
+
+def _stores(dtype: torch.dtype, rows: int):
+    """(eager, fused) outputs of `rotate_and_store` over one decode token of `rows` rows into a copy of the same
+    cache (the rotated query and key, both whole buffers), and the buffers before."""
+    from megatron_adapters.decode_cache import fused_rotate_and_store, rotate_and_store
+
+    gen = torch.Generator().manual_seed(rows)
+    query, key, value = (torch.randn(1, rows, h, 16, generator=gen).to(dtype) for h in (4, 2, 2))
+    angles = torch.randn(1, 1, 1, 16, generator=gen)
+    cos, signed_sin = angles.cos().to(dtype), angles.sin().to(dtype)
+    before = torch.randn(2, 5, 2, 12, 16, generator=gen).to(dtype)  # keys, values: [batch, groups, len, dim]
+    outs = []
+    for store in (rotate_and_store, fused_rotate_and_store()):
+        k_buf, v_buf = before.clone()
+        q, k = store(query, key, value, cos, signed_sin, k_buf[:rows], v_buf[:rows], torch.tensor([7]))
+        outs.append((q, k, k_buf, v_buf))
+    return (*outs, before)
+
+
+@pytest.mark.slow  # inductor's C++ compile on the CPU: ~20 s
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_rotate_and_store_is_eager_bit_for_bit(dtype):
+    """The compiled rotate-and-store a GPU decode step runs (one kernel where eager launches ~12) gives eager's
+    query, key and cache to the bit, at several rows and at one row (a second compile): in bf16 because inductor
+    rounds each intermediate to bf16 as eager does. It writes column 7 of the first `rows` rows only."""
+    for rows in (3, 1):
+        eager, fused, before = run_distributed(_stores, world_size=1, args=(dtype, rows))[0]
+        for got, want in zip(fused, eager, strict=True):
+            assert got.dtype == dtype and torch.equal(got, want)
+        written = torch.zeros(5, 2, 12, 16, dtype=torch.bool)
+        written[:rows, :, 7] = True
+        for buf, old in zip(fused[2:], before, strict=True):
+            assert torch.equal(buf[~written], old[~written]) and not (buf[written] == old[written]).any()
+
+
+def _fused_generate(hf_dir: str, fuse: bool):
+    out = _native_engine(hf_dir, attend_bucket=8, fuse_decode=fuse).generate(
+        _tail_batch(), SamplingParams(max_new_tokens=TAIL_NEW, temperature=0.7, seed=5))
+    return out.tokens, out.logprobs
+
+
+@pytest.mark.slow
+def test_fused_decode_generates_what_eager_decode_does(hf_model):
+    """The engine with the fused rotate-and-store (its default on a GPU; forced here on the CPU) samples the same
+    tokens with the same log-probs as without it, over the compacted tail batch."""
+    (eager_tok, eager_lp), (fused_tok, fused_lp) = (
+        run_distributed(_fused_generate, world_size=1, args=(hf_model[0], fuse))[0] for fuse in (False, True))
+    assert torch.equal(fused_tok, eager_tok)
+    torch.testing.assert_close(fused_lp, eager_lp, atol=1e-6, rtol=0)
