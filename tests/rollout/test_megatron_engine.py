@@ -295,9 +295,9 @@ def test_decode_rotation_is_megatrons_rope_bit_for_bit(dtype):
     assert len(refused) == 2 and all("rotates like Llama" in r for r in refused)
 
 
-def _stores(dtype: torch.dtype, rows: int):
+def _stores(dtype: torch.dtype, rows: int, device: str = "cpu"):
     """(eager, fused) outputs of `rotate_and_store` over one decode token of `rows` rows into a copy of the same
-    cache (the rotated query and key, both whole buffers), and the buffers before."""
+    cache (the rotated query and key, both whole buffers), and the buffers before; computed on `device`."""
     from megatron_adapters.decode_cache import fused_rotate_and_store, rotate_and_store
 
     gen = torch.Generator().manual_seed(rows)
@@ -305,22 +305,24 @@ def _stores(dtype: torch.dtype, rows: int):
     angles = torch.randn(1, 1, 1, 16, generator=gen)
     cos, signed_sin = angles.cos().to(dtype), angles.sin().to(dtype)
     before = torch.randn(2, 5, 2, 12, 16, generator=gen).to(dtype)  # keys, values: [batch, groups, len, dim]
+    inputs = [t.to(device) for t in (query, key, value, cos, signed_sin)]
     outs = []
     for store in (rotate_and_store, fused_rotate_and_store()):
-        k_buf, v_buf = before.clone()
-        q, k = store(query, key, value, cos, signed_sin, k_buf[:rows], v_buf[:rows], torch.tensor([7]))
-        outs.append((q, k, k_buf, v_buf))
+        k_buf, v_buf = before.to(device, copy=True)
+        q, k = store(*inputs, k_buf[:rows], v_buf[:rows], torch.tensor([7], device=device))
+        outs.append(tuple(t.cpu() for t in (q, k, k_buf, v_buf)))
     return (*outs, before)
 
 
-@pytest.mark.slow  # inductor's C++ compile on the CPU: ~20 s
+@pytest.mark.parametrize("device", [pytest.param("cpu", marks=pytest.mark.slow),  # inductor's C++ compile: ~20 s
+                                    pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fused_rotate_and_store_is_eager_bit_for_bit(dtype):
+def test_fused_rotate_and_store_is_eager_bit_for_bit(dtype, device):
     """The compiled rotate-and-store a GPU decode step runs (one kernel where eager launches ~12) gives eager's
     query, key and cache to the bit, at several rows and at one row (a second compile): in bf16 because inductor
     rounds each intermediate to bf16 as eager does. It writes column 7 of the first `rows` rows only."""
     for rows in (3, 1):
-        eager, fused, before = run_distributed(_stores, world_size=1, args=(dtype, rows))[0]
+        eager, fused, before = run_distributed(_stores, world_size=1, args=(dtype, rows, device), device=device)[0]
         for got, want in zip(fused, eager, strict=True):
             assert got.dtype == dtype and torch.equal(got, want)
         written = torch.zeros(5, 2, 12, 16, dtype=torch.bool)
