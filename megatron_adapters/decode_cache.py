@@ -26,6 +26,7 @@ column being decoded is a device tensor (`DecodeCache.start`), so one captured g
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -78,15 +79,11 @@ def rotate_and_store(query, key, value, cos, signed_sin, cached_k, cached_v, sta
     return query, key
 
 
-_FUSED: dict[str, object] = {}
-
-
+@functools.cache
 def fused_rotate_and_store():
     """`rotate_and_store` through torch.compile, made once per process (shapes dynamic: every layer and every
     decode row count share it; one row is a second compile, as torch specializes sizes of 1)."""
-    if "fn" not in _FUSED:
-        _FUSED["fn"] = torch.compile(rotate_and_store, dynamic=True, options={"emulate_precision_casts": True})
-    return _FUSED["fn"]
+    return torch.compile(rotate_and_store, dynamic=True, options={"emulate_precision_casts": True})
 
 
 class KVCacheAttention(SdpaCoreAttention):

@@ -20,6 +20,8 @@ fp32 numbers per token, and writes the gradient in the logits' dtype.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.distributed as dist
 
@@ -91,18 +93,13 @@ def logit_grad(logits: torch.Tensor, log_z: torch.Tensor, entropy: torch.Tensor,
     return dz.scatter_add_(-1, local_targets.unsqueeze(-1), at_target).to(logits.dtype)
 
 
-_COMPILED: dict[str, object] = {}
-
-
+@functools.cache
 def _kernels(compiled: bool):
     """(exp_sums, logit_grad), eager or torch.compile'd (compiled once per process, shapes dynamic: the chunks'
     token counts vary)."""
     if not compiled:
         return exp_sums, logit_grad
-    if not _COMPILED:
-        _COMPILED.update(exp_sums=torch.compile(exp_sums, dynamic=True),
-                         logit_grad=torch.compile(logit_grad, dynamic=True))
-    return _COMPILED["exp_sums"], _COMPILED["logit_grad"]
+    return torch.compile(exp_sums, dynamic=True), torch.compile(logit_grad, dynamic=True)
 
 
 def _all_reduce(t: torch.Tensor, group: dist.ProcessGroup, op=dist.ReduceOp.SUM) -> torch.Tensor:
