@@ -13,7 +13,8 @@ launch cost well under a second, so tests run many checks per launch. Usage:
         assert run_distributed(_check, world_size=2, args=(10,)) == [0, 10]
 
 The parent is switched to one intra-op thread (`torch.set_num_threads(1)`) before forking, because
-OpenMP's pool is not fork-safe. Each rank: sets RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT,
+OpenMP's pool is not fork-safe; for the same reason a forked rank starts torch.compile's compile thread
+pool afresh. Each rank: sets RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT,
 initialises gloo on a free port and enables megatron_adapters.cpu_backend (or nccl with
 `device="cuda"`), seeds torch with `seed` (the same in every rank, like a real SPMD launch), runs
 `fn(*args, **kwargs)`, and sends the return value back (pickled by value, so tensors are fine). A rank
@@ -40,6 +41,7 @@ import multiprocessing
 import os
 import pickle
 import queue
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -106,6 +108,11 @@ def _rank_main(rank, world_size, port, fn, args, kwargs, seed, device, timeout_s
     )
     # Gloo would otherwise resolve the hostname, which may not map to a reachable interface in sandboxes.
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    # torch.compile builds CPU kernels on a cached thread pool that torch's own at-fork hook does not reset: in
+    # a rank forked after the parent compiled, that pool has no threads and the first compile waits forever.
+    compile_pools = sys.modules.get("torch._inductor.async_compile")
+    if compile_pools is not None:
+        compile_pools.AsyncCompile.pool.cache_clear()
     try:
         timeout = timedelta(seconds=timeout_s)
         if device == "cuda":

@@ -36,6 +36,25 @@ def _hang():
     time.sleep(60)
 
 
+def _compile_pool_task():
+    from torch._inductor.async_compile import AsyncCompile
+
+    return AsyncCompile.pool().submit(lambda: "built").result(timeout=20)
+
+
+def test_a_rank_forked_after_the_parent_compiled_can_compile(monkeypatch):
+    """The CPU torch.compile of a rank forked after the pytest process compiled (CI's slow tier: the logprobs
+    kernels, then the fused decode) ran on the parent's cached thread pool, threadless in the fork: it hung."""
+    from torch._inductor import config
+    from torch._inductor.async_compile import AsyncCompile
+
+    monkeypatch.setattr(config, "compile_threads", 2)  # the pool exists only with 2 or more compile threads
+    assert _compile_pool_task() == "built"  # the parent's pool now has threads, which a fork does not copy
+    assert run_distributed(_compile_pool_task, world_size=1, device="cpu", timeout_s=60) == ["built"]
+    AsyncCompile.pool().shutdown()
+    AsyncCompile.pool.cache_clear()
+
+
 def test_results_come_back_in_rank_order():
     assert run_distributed(_rank_times, world_size=3, args=(10,)) == [(0, 3), (10, 3), (20, 3)]
 
