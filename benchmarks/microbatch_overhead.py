@@ -46,7 +46,13 @@ from hybridflow.config import ExperimentConfig  # noqa: E402
 from hybridflow.config.parallel import RoleConfig  # noqa: E402
 from hybridflow.data.step_batch import StepBatch  # noqa: E402
 from hybridflow.placement import ParallelDims, RoleMesh  # noqa: E402
-from hybridflow.roles.model_role import ModelRole, OptimizerSettings, build_model_role, per_token_logprobs  # noqa: E402
+from hybridflow.roles.model_role import (  # noqa: E402
+    ModelRole,
+    OptimizerSettings,
+    build_model_role,
+    per_token_logprobs,
+    role_config_overrides,
+)
 from hybridflow.token_kinds import TokenKind  # noqa: E402
 from hybridflow.trainer.rl_trainer import RLTrainer  # noqa: E402
 from megatron_adapters.process_groups import build_role_groups  # noqa: E402
@@ -274,8 +280,8 @@ def main(argv=None) -> dict:
     mesh = RoleMesh("actor", (0,), ParallelDims(1, 1, 1))
     with tempfile.TemporaryDirectory() as tmp:
         save_random_checkpoint(shape, args.seq, Path(tmp), dtype)
-        actor = build_model_role("actor", mesh, groups, tmp, "lm", dtype, 1,
-                                 optimizer=OptimizerSettings(lr=1e-6), seed=0)
+        actor = build_model_role("actor", mesh, groups, tmp, "lm", dtype, 1, optimizer=OptimizerSettings(lr=1e-6),
+                                 seed=0, **role_config_overrides(True, 1, RoleConfig().activation_recompute))
     trainer = grpo_trainer(actor, mesh, args.rows)
     batch = step_batch(args.rows, args.seq, args.prompt, shape["vocab_size"])
     rows = [measure(actor, trainer, batch, mbs, args) for mbs in args.micro_batch_sizes]

@@ -77,6 +77,11 @@ LAYER_SPECS: dict[str, Callable[[TransformerConfig], ModuleSpec]] = {
 # reads them itself on the device, nor "local", whose attention has no packed path.
 HOST_OFFSET_SPECS = frozenset({"sdpa", "decode"})
 
+# Specs whose core attention keeps the a*s softmax scores for backward (megatron's unfused DotProductAttention);
+# the fused kernels of the others (flash / cuDNN / memory-efficient) keep only q, k, v, the output and a
+# log-sum-exp, so checkpointing them ("selective" recompute) saves nothing.
+SCORE_KEEPING_SPECS = frozenset({"local"})
+
 
 def transformer_engine_available() -> bool:
     """Whether Transformer Engine can be imported (decides what ``spec="auto"`` means)."""

@@ -41,13 +41,13 @@ from megatron_adapters.optimizer import (
 from megatron_adapters.output_positions import scatter_positions
 from megatron_adapters.peft_export import save_peft_adapter
 from megatron_adapters.process_groups import seed_role_rng
-from megatron_adapters.specs import resolve_spec_name
+from megatron_adapters.specs import SCORE_KEEPING_SPECS, resolve_spec_name
 
 # `roles.<role>.activation_recompute` -> megatron-core TransformerConfig fields. "selective" keeps megatron's
-# default recompute_modules=["core_attn"]: attention.py checkpoints whatever core-attention module the spec
-# holds (our SdpaCoreAttention included), so it needs no Transformer Engine. "full" recomputes every layer
-# from its input (uniform, one layer per checkpoint). Keys: exactly hybridflow.config.parallel.RECOMPUTE_MODES
-# (tests/roles/test_role_runtime_config.py ties them).
+# default recompute_modules=["core_attn"], for a spec whose core attention keeps its a*s scores (SCORE_KEEPING_SPECS):
+# the fused kernels of the others keep none, so there it sets nothing (role_config_overrides). "full" recomputes
+# every layer from its input (uniform, one layer per checkpoint). Keys: exactly
+# hybridflow.config.parallel.RECOMPUTE_MODES (tests/roles/test_role_runtime_config.py ties them).
 RECOMPUTE_OVERRIDES: dict[str, dict] = {
     "none": {},
     "selective": {"recompute_granularity": "selective"},
@@ -236,16 +236,21 @@ def role_config_overrides(
     """The TransformerConfig fields a role's config asks for (`roles.<role>.activation_recompute`,
     `roles.<role>.parallel.sequence_parallel`), as `build_gpt` overrides.
 
-    Recompute only matters with a backward, so inference-only roles (ref, reward) ignore it. Sequence
-    parallelism needs tp > 1 and norms that support it: megatron's torch norms (the "sdpa"/"local" specs)
-    assert it off and Apex's FusedLayerNorm has no RMSNorm, so it is on only with the "te" spec. On the
+    Recompute only matters with a backward, so inference-only roles (ref, reward) ignore it. "selective" drops
+    the attention scores from what backward keeps, which the fused attention of every spec but "local" does
+    without recomputing: checkpointing it anyway runs each layer's attention twice and, in megatron-core 0.19,
+    reads the mask type off the device once per layer and pass (~240 syncs per update at SmolLM2's 30 layers).
+
+    Sequence parallelism needs tp > 1 and norms that support it: megatron's torch norms (the "sdpa"/"local"
+    specs) assert it off and Apex's FusedLayerNorm has no RMSNorm, so it is on only with the "te" spec. On the
     CPU backend (gloo) it stays off (see megatron_adapters/cpu_backend.py).
     """
     if activation_recompute not in RECOMPUTE_OVERRIDES:
         raise ValueError(
             f"activation_recompute: {activation_recompute!r} is unknown; use one of {', '.join(RECOMPUTE_OVERRIDES)}"
         )
-    overrides = dict(RECOMPUTE_OVERRIDES[activation_recompute]) if trained else {}
+    recomputes = trained and (activation_recompute != "selective" or resolve_spec_name(spec) in SCORE_KEEPING_SPECS)
+    overrides = dict(RECOMPUTE_OVERRIDES[activation_recompute]) if recomputes else {}
     if sequence_parallel and tp > 1 and not is_cpu_backend_enabled():  # SP stays off on CPU (gloo)
         if resolve_spec_name(spec) == "te":
             overrides["sequence_parallel"] = True

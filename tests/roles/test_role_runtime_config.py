@@ -1,10 +1,10 @@
 """`roles.<role>.activation_recompute`, `parallel.sequence_parallel` and `offload_optimizer` reach the runtime.
 
-CPU (gloo) checks: a trained role built with "selective" or "full" recompute carries megatron's recompute
-fields in its TransformerConfig, and its loss and gradients equal those of a "none" role to 1e-6 (the
-recomputed forward is the same arithmetic; TP2, our SDPA core attention). The override mapping itself is
-checked in-process, including the sequence-parallel rules (on only with tp > 1, the "te" spec and off the
-CPU backend) that the CPU ranks cannot exercise.
+CPU (gloo) checks: a trained role built with "full" recompute carries megatron's recompute fields in its
+TransformerConfig, one with "selective" none (its SDPA core attention keeps no scores to drop), and the loss
+and gradients of both equal those of a "none" role to 1e-6 (the recomputed forward is the same arithmetic;
+TP2). The override mapping itself is checked in-process, including the sequence-parallel rules (on only with
+tp > 1, the "te" spec and off the CPU backend) that the CPU ranks cannot exercise.
 """
 
 import pytest
@@ -26,7 +26,11 @@ def test_every_configurable_recompute_mode_has_overrides_and_no_other():
 
 def test_recompute_overrides_for_trained_roles_only():
     assert role_config_overrides(True, 1, "none") == {}
-    assert role_config_overrides(True, 1, "selective") == {"recompute_granularity": "selective"}
+    # selective: megatron checkpoints the core attention only where it keeps a*s scores (the unfused "local"
+    # spec); the fused kernels of "sdpa" and "te" keep none, so recomputing them would only cost time
+    assert role_config_overrides(True, 1, "selective", spec="local") == {"recompute_granularity": "selective"}
+    assert role_config_overrides(True, 1, "selective", spec="sdpa") == {}
+    assert role_config_overrides(True, 1, "selective", spec="te") == {}
     assert role_config_overrides(True, 1, "full") == {
         "recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1,
     }
@@ -109,12 +113,11 @@ def test_recompute_matches_no_recompute_tp2(tmp_path):
         assert none["config"]["recompute_granularity"] is None
         assert not none["checkpoint_core_attention"]
         assert none["checkpoints"] == 0
-        # one checkpoint per core attention (selective) / per layer (full), per micro-batch (4 rows / 2)
-        assert selective["checkpoints"] == full["checkpoints"] == 2 * hf.config.num_hidden_layers
-        assert selective["config"]["recompute_granularity"] == "selective"
-        assert selective["config"]["recompute_method"] is None
-        assert selective["config"]["recompute_modules"] == ["core_attn"]
-        assert selective["checkpoint_core_attention"]
+        # one checkpoint per layer (full) per micro-batch (4 rows / 2); none for selective: SDPA keeps no scores
+        assert full["checkpoints"] == 2 * hf.config.num_hidden_layers
+        assert selective["checkpoints"] == 0
+        assert selective["config"]["recompute_granularity"] is None
+        assert not selective["checkpoint_core_attention"]
         assert {f: full["config"][f] for f in RECOMPUTE_FIELDS} == dict(RECOMPUTE_OVERRIDES["full"])
         assert not full["checkpoint_core_attention"]
         for other in (selective, full):

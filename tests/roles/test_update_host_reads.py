@@ -1,6 +1,7 @@
-"""Host reads of one actor update (GRPO loss, one mini-batch): a small constant, independent of the micro-batch
-count and of the number of parameter tensors (CPU, gloo, fp32, one rank). Counted as
-benchmarks/microbatch_overhead.py counts them (profiler `aten::_local_scalar_dense`)."""
+"""Host reads of one actor update (GRPO loss, one mini-batch), the actor built as a run builds it by default: a
+small constant, independent of the micro-batch count and of the number of layers and parameter tensors (CPU,
+gloo, fp32, one rank; megatron's core-attention recompute, the old default, read the device once per layer and
+pass). Counted as benchmarks/microbatch_overhead.py counts them (profiler `aten::_local_scalar_dense`)."""
 
 import torch
 
@@ -14,8 +15,9 @@ MAX_READS_PER_UPDATE = 2
 
 def _update_reads(hf_dirs: dict[int, str]) -> dict:
     from benchmarks.microbatch_overhead import grpo_trainer, host_syncs, step_batch
+    from hybridflow.config.parallel import RoleConfig
     from hybridflow.placement import ParallelDims, RoleMesh
-    from hybridflow.roles.model_role import OptimizerSettings, build_model_role
+    from hybridflow.roles.model_role import OptimizerSettings, build_model_role, role_config_overrides
     from megatron_adapters.process_groups import build_role_groups
 
     groups = build_role_groups([0], tp=1, pp=1, dp=1)
@@ -23,8 +25,10 @@ def _update_reads(hf_dirs: dict[int, str]) -> dict:
     batch = step_batch(ROWS, SEQ, PROMPT, 256)
     out = {}
     for layers, hf_dir in hf_dirs.items():
+        # as a run builds the actor by default (its activation_recompute)
+        overrides = role_config_overrides(True, 1, RoleConfig().activation_recompute)
         actor = build_model_role("actor", mesh, groups, hf_dir, "lm", torch.float32, 1,
-                                 optimizer=OptimizerSettings(lr=1e-3), seed=0)
+                                 optimizer=OptimizerSettings(lr=1e-3), seed=0, **overrides)
         trainer = grpo_trainer(actor, mesh, ROWS)
         tensors = sum(1 for _ in actor.model.parameters())
         for mbs in (1, ROWS):
