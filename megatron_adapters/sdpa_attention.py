@@ -171,6 +171,11 @@ class SdpaCoreAttention(MegatronModule):
         return allowed
 
 
+def varlen_kernel_runs(dtype: torch.dtype, on_cuda: bool) -> bool:
+    """Whether packed attention runs PyTorch's flash varlen kernel (CUDA, half precision). Elsewhere it is a
+    masked SDPA, which keeps its ``[t, t]`` block mask (on the CPU its attention weights) for backward."""
+    return varlen_attn is not None and on_cuda and dtype in (torch.float16, torch.bfloat16)
+
+
 def _use_varlen(query: torch.Tensor) -> bool:
-    """PyTorch's flash varlen kernel: CUDA, half precision (the masked SDPA covers everything else)."""
-    return varlen_attn is not None and query.is_cuda and query.dtype in (torch.float16, torch.bfloat16)
+    return varlen_kernel_runs(query.dtype, query.is_cuda)

@@ -41,6 +41,7 @@ from megatron_adapters.optimizer import (
 from megatron_adapters.output_positions import scatter_positions
 from megatron_adapters.peft_export import save_peft_adapter
 from megatron_adapters.process_groups import seed_role_rng
+from megatron_adapters.sdpa_attention import varlen_kernel_runs
 from megatron_adapters.specs import SCORE_KEEPING_SPECS, resolve_spec_name
 
 # `roles.<role>.activation_recompute` -> megatron-core TransformerConfig fields. "selective" keeps megatron's
@@ -231,7 +232,7 @@ class ModelRole:
 
 def role_config_overrides(
     trained: bool, tp: int, activation_recompute: str = "none", sequence_parallel: bool = False,
-    spec: str = "auto",
+    spec: str = "auto", packed_dtype: torch.dtype | None = None,
 ) -> dict:
     """The TransformerConfig fields a role's config asks for (`roles.<role>.activation_recompute`,
     `roles.<role>.parallel.sequence_parallel`), as `build_gpt` overrides.
@@ -240,6 +241,9 @@ def role_config_overrides(
     the attention scores from what backward keeps, which the fused attention of every spec but "local" does
     without recomputing: checkpointing it anyway runs each layer's attention twice and, in megatron-core 0.19,
     reads the mask type off the device once per layer and pass (~240 syncs per update at SmolLM2's 30 layers).
+    So megatron checkpoints the core attention only where it keeps scores: the "local" spec, and packed
+    micro-batches (`packed_dtype`: their dtype, None when the role does not pack) off the varlen kernel, whose
+    masked SDPA keeps a [t, t] mask.
 
     Sequence parallelism needs tp > 1 and norms that support it: megatron's torch norms (the "sdpa"/"local"
     specs) assert it off and Apex's FusedLayerNorm has no RMSNorm, so it is on only with the "te" spec. On the
@@ -249,7 +253,9 @@ def role_config_overrides(
         raise ValueError(
             f"activation_recompute: {activation_recompute!r} is unknown; use one of {', '.join(RECOMPUTE_OVERRIDES)}"
         )
-    recomputes = trained and (activation_recompute != "selective" or resolve_spec_name(spec) in SCORE_KEEPING_SPECS)
+    keeps_scores = resolve_spec_name(spec) in SCORE_KEEPING_SPECS or (
+        packed_dtype is not None and not varlen_kernel_runs(packed_dtype, on_cuda=not is_cpu_backend_enabled()))
+    recomputes = trained and (activation_recompute != "selective" or keeps_scores)
     overrides = dict(RECOMPUTE_OVERRIDES[activation_recompute]) if recomputes else {}
     if sequence_parallel and tp > 1 and not is_cpu_backend_enabled():  # SP stays off on CPU (gloo)
         if resolve_spec_name(spec) == "te":

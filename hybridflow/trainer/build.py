@@ -127,8 +127,10 @@ def build_run(cfg: ExperimentConfig, plan: Plan, work_dir: Path) -> BuiltRun:
         settings = optimizer_settings(cfg, role, plan.offload_fractions.get(role, 0.0))
         tp = meshes[role].tp
         lora = lora_settings(role_cfg.lora)
+        dtype = torch_dtype(cfg.role_model(role).dtype)
         overrides = role_config_overrides(trained, tp, role_cfg.activation_recompute,
-                                          bool(role_cfg.parallel.sequence_parallel), model_spec(lora))
+                                          bool(role_cfg.parallel.sequence_parallel), model_spec(lora),
+                                          dtype if role_cfg.max_tokens_per_micro_batch else None)
         if overrides.get("sequence_parallel") and (cfg.data.seq_length % tp or TRIM_MULTIPLE % tp):
             # Sequence parallelism splits every sequence over TP; batches are trimmed to a multiple of
             # TRIM_MULTIPLE columns, data.seq_length at most.
@@ -139,7 +141,7 @@ def build_run(cfg: ExperimentConfig, plan: Plan, work_dir: Path) -> BuiltRun:
                 f"or roles.{role}.parallel.sequence_parallel=false"
             )
         roles[role] = build_model_role(
-            role, meshes[role], groups[role], model_dirs[role], record.head, torch_dtype(cfg.role_model(role).dtype),
+            role, meshes[role], groups[role], model_dirs[role], record.head, dtype,
             role_cfg.micro_batch_size,
             optimizer=settings if trained else None, seed=cfg.trainer.seed,
             max_tokens_per_micro_batch=role_cfg.max_tokens_per_micro_batch or 0,

@@ -39,6 +39,24 @@ def test_recompute_overrides_for_trained_roles_only():
         role_config_overrides(True, 1, "some")
 
 
+def test_selective_recompute_stays_for_packed_attention_off_the_varlen_kernel(monkeypatch):
+    # packed micro-batches off torch's varlen kernel run a masked SDPA, which keeps its [t, t] mask in every layer
+    # (on the CPU its attention weights): there megatron's core-attention checkpoint still saves memory
+    from megatron_adapters.sdpa_attention import varlen_attn, varlen_kernel_runs
+
+    assert varlen_kernel_runs(torch.bfloat16, on_cuda=True) == (varlen_attn is not None)
+    assert not varlen_kernel_runs(torch.float32, on_cuda=True) and not varlen_kernel_runs(torch.bfloat16, False)
+    selective = {"recompute_granularity": "selective"}
+    monkeypatch.setattr(model_role, "varlen_kernel_runs", lambda dtype, on_cuda: on_cuda and dtype == torch.bfloat16)
+    monkeypatch.setattr(model_role, "is_cpu_backend_enabled", lambda: False)
+    assert role_config_overrides(True, 1, "selective", spec="sdpa", packed_dtype=torch.bfloat16) == {}
+    assert role_config_overrides(True, 1, "selective", spec="sdpa", packed_dtype=torch.float32) == selective
+    assert role_config_overrides(True, 1, "selective", spec="sdpa") == {}  # padded rows: causal, no mask
+    assert role_config_overrides(False, 1, "selective", spec="sdpa", packed_dtype=torch.float32) == {}
+    monkeypatch.setattr(model_role, "is_cpu_backend_enabled", lambda: True)
+    assert role_config_overrides(True, 1, "selective", spec="sdpa", packed_dtype=torch.bfloat16) == selective
+
+
 def test_sequence_parallel_needs_tp_te_and_a_gpu(monkeypatch):
     monkeypatch.setattr(model_role, "resolve_spec_name", lambda spec: "te")
     monkeypatch.setattr(model_role, "is_cpu_backend_enabled", lambda: False)
