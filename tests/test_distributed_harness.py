@@ -49,10 +49,12 @@ def test_a_rank_forked_after_the_parent_compiled_can_compile(monkeypatch):
     from torch._inductor.async_compile import AsyncCompile
 
     monkeypatch.setattr(config, "compile_threads", 2)  # the pool exists only with 2 or more compile threads
-    assert _compile_pool_task() == "built"  # the parent's pool now has threads, which a fork does not copy
-    assert run_distributed(_compile_pool_task, world_size=1, device="cpu", timeout_s=60) == ["built"]
-    AsyncCompile.pool().shutdown()
-    AsyncCompile.pool.cache_clear()
+    try:
+        assert _compile_pool_task() == "built"  # the parent's pool now has threads, which a fork does not copy
+        assert run_distributed(_compile_pool_task, world_size=1, device="cpu", timeout_s=60) == ["built"]
+    finally:  # this pool was made with the patched thread count: later compiles get a pool of their own
+        AsyncCompile.pool().shutdown()
+        AsyncCompile.pool.cache_clear()
 
 
 def test_results_come_back_in_rank_order():

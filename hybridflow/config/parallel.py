@@ -81,7 +81,8 @@ class RoleConfig:
     # all of it). None: the planner picks the smallest share that fits the GPU, then checks host memory.
     offload_fraction: float | None = bounded(None, ge=0, le=1)
     # "none" | "selective" (attention scores not kept, Korthikanti et al.: the fused attention of the "te" and
-    # "sdpa" specs keeps none, so only the unfused "local" spec recomputes its core) | "full" (whole layer)
+    # "sdpa" specs keeps none, so only the unfused "local" spec, and packed micro-batches off the flash varlen
+    # kernel (fp32, CPU), recompute their core attention) | "full" (whole layer)
     activation_recompute: str = bounded("selective", choices=RECOMPUTE_MODES)
     # LoRA adapters (actor, critic); rank null = full fine-tuning.
     lora: LoraConfig = field(default_factory=LoraConfig)

@@ -45,9 +45,9 @@ from megatron_adapters.sdpa_attention import varlen_kernel_runs
 from megatron_adapters.specs import SCORE_KEEPING_SPECS, resolve_spec_name
 
 # `roles.<role>.activation_recompute` -> megatron-core TransformerConfig fields. "selective" keeps megatron's
-# default recompute_modules=["core_attn"], for a spec whose core attention keeps its a*s scores (SCORE_KEEPING_SPECS):
-# the fused kernels of the others keep none, so there it sets nothing (role_config_overrides). "full" recomputes
-# every layer from its input (uniform, one layer per checkpoint). Keys: exactly
+# default recompute_modules=["core_attn"], applied only where the core attention keeps scores or a mask
+# (role_config_overrides: the "local" spec, packed micro-batches off the varlen kernel); the fused kernels keep
+# none. "full" recomputes every layer from its input (uniform, one layer per checkpoint). Keys: exactly
 # hybridflow.config.parallel.RECOMPUTE_MODES (tests/roles/test_role_runtime_config.py ties them).
 RECOMPUTE_OVERRIDES: dict[str, dict] = {
     "none": {},
@@ -253,12 +253,13 @@ def role_config_overrides(
         raise ValueError(
             f"activation_recompute: {activation_recompute!r} is unknown; use one of {', '.join(RECOMPUTE_OVERRIDES)}"
         )
-    keeps_scores = resolve_spec_name(spec) in SCORE_KEEPING_SPECS or (
-        packed_dtype is not None and not varlen_kernel_runs(packed_dtype, on_cuda=not is_cpu_backend_enabled()))
+    spec_name, on_cpu = resolve_spec_name(spec), is_cpu_backend_enabled()
+    keeps_scores = spec_name in SCORE_KEEPING_SPECS or (
+        packed_dtype is not None and not varlen_kernel_runs(packed_dtype, on_cuda=not on_cpu))
     recomputes = trained and (activation_recompute != "selective" or keeps_scores)
     overrides = dict(RECOMPUTE_OVERRIDES[activation_recompute]) if recomputes else {}
-    if sequence_parallel and tp > 1 and not is_cpu_backend_enabled():  # SP stays off on CPU (gloo)
-        if resolve_spec_name(spec) == "te":
+    if sequence_parallel and tp > 1 and not on_cpu:  # SP stays off on CPU (gloo)
+        if spec_name == "te":
             overrides["sequence_parallel"] = True
         else:
             logging.getLogger(__name__).warning(
