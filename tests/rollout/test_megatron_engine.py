@@ -147,9 +147,11 @@ def _tail_batch(device: str = "cpu") -> RolloutBatch:
 
 def _compacting_generate(hf_dir: str, sampling: SamplingParams, compact_factor: int, device: str = "cpu",
                          use_graphs: bool | None = None, tp: int = 1):
-    """(tokens, loss mask, log-probs, rows fed to each decode step) of the tail batch."""
+    """(tokens, loss mask, log-probs, rows fed to each decode step) of the tail batch. A GPU engine checks for
+    finished rows every step here, as a CPU one does, so compaction's row counts are the same on both."""
     import hybridflow.rollout.megatron_engine as engine_module
 
+    engine_module.GPU_DONE_CHECK_EVERY = 1  # every 8 columns, the tail batch goes 32 -> 2 with no 8-row step
     rows_fed = []
 
     class RecordingStep(engine_module.DecodeStep):
@@ -259,7 +261,7 @@ def test_cuda_graph_decode_of_fewer_rows_equals_eager(hf_model):
     sampling = SamplingParams(max_new_tokens=TAIL_NEW, temperature=0.8, seed=11)
     eager, graphs = (run_distributed(_compacting_generate, world_size=1, device="cuda",
                                      args=(hf_model[0], sampling, 4, "cuda", use))[0] for use in (False, True))
-    assert sorted(set(graphs[3]), reverse=True) == [32, 8, 2]
+    assert sorted(set(graphs[3]), reverse=True) == [32, 8, 2] and graphs[3] == eager[3]
     assert torch.equal(graphs[0], eager[0]) and torch.equal(graphs[1], eager[1])
     torch.testing.assert_close(graphs[2], eager[2], atol=1e-5, rtol=0)
 
