@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
-from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 
+from megatron_adapters.rotary_tables import cos_and_signed_sin, rotate, rotates_like_llama
 from megatron_adapters.sdpa_attention import SdpaCoreAttention
 
 
@@ -60,13 +60,6 @@ class DecodeCache:
         buffers stay where they are, so graphs captured over their first rows stay valid."""
         for buf in (*self.keys, *self.values):
             buf[: rows.numel()].copy_(buf.index_select(0, rows))
-
-
-def rotate(t: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-    """megatron's unfused RoPE (non-interleaved, over the whole head dim) of `t` [s, b, heads, dim], bit for bit:
-    t * cos + rotate_half(t) * sin, where rotate_half(t) * sin = [-t2 * sin1, t1 * sin2] is
-    roll(t, dim / 2) * [-sin1, sin2] (a sign moved between factors is exact)."""
-    return t * cos + t.roll(t.shape[-1] // 2, dims=-1) * signed_sin
 
 
 def rotate_and_store(query, key, value, cos, signed_sin, cached_k, cached_v, start):
@@ -106,7 +99,7 @@ class KVCacheAttention(SdpaCoreAttention):
         store = fused_rotate_and_store() if cache.fused and sq == 1 else rotate_and_store
         query, key = store(query, key, value, *cache.rotary, cached_k, cached_v, cache.start)
         if sq > 1:  # prefill: starts at column 0, so the fed keys are the whole context (causal path)
-            return super().forward(query, key, value, None)
+            return self._unpacked(query, key, value, None)
         # One token per row: its query heads of each KV group stand in the "sequence" slot, so one SDPA
         # call covers grouped-query attention without repeating the cache.
         groups = self.groups_per_partition
@@ -129,18 +122,13 @@ class PositionedRotary(torch.nn.Module):
 
     def __init__(self, rotary: torch.nn.Module, cache: DecodeCache, dtype: torch.dtype, head_dim: int):
         super().__init__()
-        angles = rotary(cache.max_len)  # [max_len, 1, 1, dim] fp32, megatron's own angles
-        # RotaryEmbedding exactly: YaRN (a subclass) scales cos / sin, which `rotate` does not
-        if type(rotary) is not RotaryEmbedding or rotary.rotary_interleaved or angles.shape[-1] != head_dim:
+        if not rotates_like_llama(rotary, head_dim):
             raise ValueError(f"rotary: the native rollout engine rotates like Llama (non-interleaved RoPE over "
                              f"the whole head); this model's {type(rotary).__name__} is not supported")
         self._rotary = (rotary,)  # not a submodule: it goes back in place afterwards
-        half = angles.shape[-1] // 2
-        sin = angles.sin().to(dtype)  # cast as megatron's unfused RoPE casts: after the fp32 cos / sin
-        self.cos = angles.cos().to(dtype)
-        self.signed_sin = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
+        self.cos, self.signed_sin = cos_and_signed_sin(rotary(cache.max_len), dtype)  # megatron's own angles
         self.cache = cache
-        self.columns = torch.arange(cache.max_len, device=angles.device)
+        self.columns = torch.arange(cache.max_len, device=self.cos.device)
 
     def get_rotary_seq_len(self, *args, **kwargs) -> int:
         return self._rotary[0].get_rotary_seq_len(*args, **kwargs)

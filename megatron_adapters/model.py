@@ -26,6 +26,8 @@ from transformers import AutoConfig, PretrainedConfig
 from hybridflow.families import VOCAB_DIVISIBLE_BY, ModelShape, padded_vocab_size, shape_from_hf
 from megatron_adapters.lora import LoraSettings, freeze_base_weights
 from megatron_adapters.packed_rotary import is_thd, per_token_rotary, with_host_offsets
+from megatron_adapters.rotary_tables import RotaryTables, rotates_like_llama
+from megatron_adapters.sdpa_attention import SdpaCoreAttention
 from megatron_adapters.specs import HOST_OFFSET_SPECS, layer_spec, resolve_spec_name
 
 HEADS = ("lm", "value", "reward")
@@ -166,6 +168,8 @@ class HFGPTModel(GPTModel):
     never initialise; here it is answered from ``metadata["dp_cp_group"]`` for the duration of the call.
     """
 
+    rotary_tables: RotaryTables | None = None  # set by `build_gpt` where the core attention rotates
+
     def tie_embeddings_and_output_weights_state_dict(
         self, sharded_state_dict, output_layer_weight_key, first_stage_word_emb_key, metadata=None
     ):
@@ -189,11 +193,17 @@ class HFGPTModel(GPTModel):
         return super().forward(*args, packed_seq_params=packed_seq_params, **kwargs)
 
     def _preprocess(self, input_ids, position_ids, *args, packed_seq_params=None, **kwargs):
-        """GPTModel._preprocess; for packed input the rotary table has one row per token (its position)."""
+        """GPTModel._preprocess; for packed input the rotary table has one row per token (its position); for
+        unpacked input with `rotary_tables`, megatron gets no angles and the core attention rotates."""
         out = super()._preprocess(input_ids, position_ids, *args, packed_seq_params=packed_seq_params, **kwargs)
-        if out[1] is None or not self._one_pass_packed_rotary(packed_seq_params):
+        if out[1] is None:
             return out
-        return (out[0], per_token_rotary(out[1], position_ids), *out[2:])
+        if self._one_pass_packed_rotary(packed_seq_params):
+            return (out[0], per_token_rotary(out[1], position_ids), *out[2:])
+        if self.rotary_tables is not None and packed_seq_params is None:
+            self.rotary_tables.cover(out[1])
+            return (out[0], None, *out[2:])
+        return out
 
 
 @contextlib.contextmanager
@@ -221,6 +231,20 @@ def _mask_padded_vocab(model: GPTModel, vocab_size: int) -> None:
         return logits, bias
 
     model.output_layer.register_forward_hook(hook)
+
+
+def _rotate_in_core_attention(model: HFGPTModel, dtype: torch.dtype) -> None:
+    """Give `model` and its SDPA core attentions one `RotaryTables` when they can rotate as megatron's unfused
+    RoPE does (megatron_adapters.rotary_tables); otherwise leave megatron's RoPE in place."""
+    cores = [m for m in model.modules() if isinstance(m, SdpaCoreAttention)]
+    attentions = [m for m in model.modules() if hasattr(m, "_yarn_concentration_factor")]
+    if (not cores or model.config.apply_rope_fusion or model.position_embedding_type != "rope"
+            or not rotates_like_llama(model.rotary_pos_emb, model.config.kv_channels)
+            or any(a._yarn_concentration_factor != 1.0 for a in attentions)):
+        return
+    model.rotary_tables = RotaryTables(dtype)
+    for core in cores:
+        core.rotary_tables = model.rotary_tables
 
 
 def build_gpt(
@@ -287,6 +311,7 @@ def build_gpt(
         # megatron allocates TP layers on the GPU but plain torch modules (RMSNorm of the local spec) on
         # the CPU; megatron's own training loop moves the model afterwards, so do the same here.
         model.cuda(torch.cuda.current_device())
+    _rotate_in_core_attention(model, dtype)
     if lora is not None:
         freeze_base_weights(model)
         if head != "lm" and model.post_process:

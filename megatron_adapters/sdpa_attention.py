@@ -20,6 +20,8 @@ from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
 
+from megatron_adapters.rotary_tables import RotaryTables, rotate
+
 try:  # torch >= 2.10
     from torch.nn.attention.varlen import varlen_attn
 
@@ -34,7 +36,11 @@ class SdpaCoreAttention(MegatronModule):
     Same constructor and forward interface as megatron-core's ``DotProductAttention``: inputs are
     ``[s, b, heads, head_dim]`` (keys/values with the per-partition query-group count), output is
     ``[s, b, heads * head_dim]``. ``attention_mask`` follows megatron's convention (True = masked out).
+    With ``rotary_tables`` set (by ``build_gpt``, whose model then gives megatron no angles for unpacked input),
+    an unpacked query and key are rotated here (megatron_adapters.rotary_tables).
     """
+
+    rotary_tables: RotaryTables | None = None
 
     def __init__(
         self,
@@ -90,6 +96,14 @@ class SdpaCoreAttention(MegatronModule):
             raise ValueError("SdpaCoreAttention has no attention bias; use spec='te'")
         if packed_seq_params is not None:
             return self._packed(query, key, value, packed_seq_params)
+        if self.rotary_tables is not None:
+            query = rotate(query, *self.rotary_tables.first(query.shape[0]))
+            key = rotate(key, *self.rotary_tables.first(key.shape[0]))
+        return self._unpacked(query, key, value, attention_mask, attn_mask_type)
+
+    def _unpacked(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  attention_mask: torch.Tensor | None, attn_mask_type: AttnMaskType | None = None) -> torch.Tensor:
+        """Attention over rotated ``[s, b, h, d]`` query and key; ``[sq, b, h * d]`` out."""
         sq, b = query.shape[0], query.shape[1]
         sk = key.shape[0]
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, h, s, d]

@@ -270,7 +270,8 @@ def _rotations(dtype: torch.dtype):
     from megatron.core.models.common.embeddings.rope_utils import _apply_rotary_pos_emb_bshd
     from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 
-    from megatron_adapters.decode_cache import DecodeCache, PositionedRotary, rotate
+    from megatron_adapters.decode_cache import DecodeCache, PositionedRotary
+    from megatron_adapters.rotary_tables import rotate
 
     rope = RotaryEmbedding(kv_channels=16, rotary_percent=1.0, rotary_base=10000, use_cpu_initialization=True)
     cache = DecodeCache(torch.tensor([5]), max_len=12, attend_len=12)
