@@ -65,7 +65,17 @@ QWEN2_7B = dict(
     num_key_value_heads=4,
     vocab_size=152064,
 )
-SHAPES = {"1.5b": FULL, "8b": LLAMA3_8B, "qwen7b": QWEN2_7B}
+# SmolLM2-135M-Instruct's dimensions (its head is tied: TIED_SHAPES), the real model of issue #43's race.
+SMOLLM2_135M = dict(
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    vocab_size=49152,
+)
+SHAPES = {"1.5b": FULL, "8b": LLAMA3_8B, "qwen7b": QWEN2_7B, "smollm2_135m": SMOLLM2_135M}
+TIED_SHAPES = frozenset({"1.5b", "smollm2_135m"})  # the models these stand for share embedding and head
 QUICK = dict(
     hidden_size=64,
     intermediate_size=128,

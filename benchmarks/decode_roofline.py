@@ -4,6 +4,8 @@
     python -m benchmarks.decode_roofline --batches 64,256 --prompt 128 --new-tokens 512 --json out.json
     python -m benchmarks.decode_roofline --shape 8b --new-tokens 256  # Llama-3-8B shape (untied head)
     python -m benchmarks.decode_roofline --quick                # tiny model, CPU smoke test
+    python -m benchmarks.decode_roofline --shape smollm2_135m --batches 256 --prompt 108 --new-tokens 160 \
+        --sdpa-backends default,cudnn,efficient,math             # the race's decode, per attention kernel
 
 Decode time = generate(N new tokens) - generate(1 new token) (prefill and the first sample cancel), so the
 N - 1 decode steps are measured alone. The roofline of a decode step at context length c reads every weight
@@ -11,20 +13,27 @@ once and the KV cache of every row once: bytes(c) = weight_bytes + B * c * kv_by
 kv_bytes_per_token = 2 (K, V) * layers * kv_heads * head_dim * dtype bytes. roofline seconds = sum over the
 decode steps of bytes(c) / bandwidth, the bandwidth being one large device copy measured here (read + write).
 Ratio = roofline seconds / measured seconds (1.0 = at the HBM roofline).
+
+`--sdpa-backends` repeats every batch with PyTorch's SDPA restricted to one kernel (`torch.nn.attention.sdpa_kernel`)
+around a fresh engine, so its CUDA graphs are captured with that kernel; "default" leaves the choice to PyTorch. A
+kernel that cannot run the decode's masked attention gives a row with its error instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import time
 
 import torch
 import torch.distributed as dist
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import LlamaConfig
 
-from benchmarks.actor_mfu import QUICK, SHAPES, init_single_process
+from benchmarks.actor_mfu import QUICK, SHAPES, TIED_SHAPES, init_single_process
 from benchmarks.reshard import copy_bandwidth, sync_device
+from hybridflow.errors import UserError, cli_errors
 from hybridflow.rollout.base import RolloutBatch, SamplingParams
 from hybridflow.rollout.megatron_engine import MegatronRolloutEngine
 from megatron_adapters.model import build_gpt
@@ -42,7 +51,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=2, help="timed generate pairs per batch (best kept)")
     parser.add_argument("--json", default=None, help="also write the result as JSON here")
     parser.add_argument("--profile", default=None, help="write a torch.profiler op table of one generate here")
+    parser.add_argument("--sdpa-backends", default="default",
+                        help=f"comma-separated SDPA kernels to time, of default,{','.join(SDPA_BACKENDS)}")
     return parser.parse_args(argv)
+
+
+SDPA_BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
+                 "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
+
+
+def sdpa_backend(name: str) -> contextlib.AbstractContextManager:
+    """SDPA restricted to the kernel `name` ("default": PyTorch's own choice)."""
+    if name == "default":
+        return contextlib.nullcontext()
+    if name not in SDPA_BACKENDS:
+        raise UserError(f"--sdpa-backends: {name!r} is not a kernel; use default or one of {', '.join(SDPA_BACKENDS)}")
+    return sdpa_kernel([SDPA_BACKENDS[name]])
 
 
 def decode_roofline_seconds(weight_bytes: int, kv_bytes_per_token: int, batch: int, prompt: int,
@@ -78,6 +102,10 @@ def _profile(engine, batch: RolloutBatch, new_tokens: int, device: torch.device,
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    backends = args.sdpa_backends.split(",")
+    with cli_errors():
+        for name in backends:
+            sdpa_backend(name)  # refuses an unknown name before anything is built
     device = init_single_process()
     on_gpu = device.type == "cuda"
     batches = [int(b) for b in (args.batches or ("2" if args.quick else "64,256")).split(",")]
@@ -85,12 +113,12 @@ def main(argv=None) -> dict:
     new_tokens = args.new_tokens or (8 if args.quick else 512)
     dims = QUICK if args.quick else SHAPES[args.shape]
     cfg = LlamaConfig(**dims, max_position_embeddings=prompt + new_tokens, rope_theta=500000.0,
-                      tie_word_embeddings=args.shape == "1.5b", architectures=["LlamaForCausalLM"])
+                      tie_word_embeddings=args.shape in TIED_SHAPES, architectures=["LlamaForCausalLM"])
+
     pg = build_role_groups([0], tp=1, pp=1, dp=1)
     seed_role_rng(1234, pg)
     dtype = torch.bfloat16 if on_gpu else torch.float32
     model = build_gpt(cfg, pg, dtype=dtype, spec="decode")
-    engine = MegatronRolloutEngine(model, pg.tp, cfg.vocab_size)
 
     elem = torch.finfo(dtype).bits // 8
     weight_bytes = sum(p.numel() for p in model.parameters()) * elem
@@ -98,16 +126,24 @@ def main(argv=None) -> dict:
     kv_bytes_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * elem
     bandwidth = copy_bandwidth(device, 2**31 if on_gpu else 2**24)
     rows = []
-    for bsz in batches:
+    for bsz, backend in ((b, name) for b in batches for name in backends):
         ids = torch.randint(0, cfg.vocab_size, (bsz, prompt + new_tokens), device=device)
         batch = RolloutBatch(ids, torch.full((bsz,), prompt, dtype=torch.long))
-        _timed_generate(engine, batch, 2, device)  # warm-up: kernels, allocator
-        full = min(_timed_generate(engine, batch, new_tokens, device) for _ in range(args.repeats))
-        first = min(_timed_generate(engine, batch, 1, device) for _ in range(args.repeats))
+        engine = MegatronRolloutEngine(model, pg.tp, cfg.vocab_size)  # fresh graphs, captured under `backend`
+        try:
+            with sdpa_backend(backend):
+                _timed_generate(engine, batch, 2, device)  # warm-up: kernels, allocator
+                full = min(_timed_generate(engine, batch, new_tokens, device) for _ in range(args.repeats))
+                first = min(_timed_generate(engine, batch, 1, device) for _ in range(args.repeats))
+        except RuntimeError as err:  # this kernel cannot run the decode's attention
+            rows.append({"batch": bsz, "sdpa_backend": backend, "error": str(err).splitlines()[0][:200]})
+            print(json.dumps(rows[-1]), flush=True)
+            continue
         decode_s = full - first
         roof_s = decode_roofline_seconds(weight_bytes, kv_bytes_per_token, bsz, prompt, new_tokens, bandwidth)
         rows.append({
             "batch": bsz,
+            "sdpa_backend": backend,
             "generate_s": full,
             "prefill_s": first,
             "decode_s": decode_s,
@@ -118,7 +154,8 @@ def main(argv=None) -> dict:
         })
         print(json.dumps(rows[-1]), flush=True)
         if args.profile:
-            _profile(engine, batch, min(new_tokens, 32), device, f"{args.profile}.b{bsz}.txt")
+            with sdpa_backend(backend):
+                _profile(engine, batch, min(new_tokens, 32), device, f"{args.profile}.b{bsz}.{backend}.txt")
     result = {
         "device": torch.cuda.get_device_name(0) if on_gpu else "cpu",
         "dtype": str(dtype).removeprefix("torch."),

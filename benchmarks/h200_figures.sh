@@ -100,8 +100,9 @@ for s in "${stages[@]}"; do
     gpu-tests)
         # one process per listed path: two vLLM engines in one process would share vLLM's global groups
         for t in ${GPU_TESTS:-tests}; do
+            # -v: a line per test as it ends, so a stage stopped at its limit still says which passed and failed
             # shellcheck disable=SC2086  # GPU_TESTS_ARGS is a list of flags (-rP keeps passed tests' output)
-            stage "gpu-tests-$(basename "$t" .py)" "${GPU_TESTS_S:-300}" python3 -m pytest -q -m gpu -p no:cacheprovider \
+            stage "gpu-tests-$(basename "$t" .py)" "${GPU_TESTS_S:-300}" python3 -m pytest -v -m gpu -p no:cacheprovider \
                 ${GPU_TESTS_ARGS:-} "$t"
         done ;;
     decode)

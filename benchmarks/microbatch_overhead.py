@@ -40,7 +40,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.actor_mfu import init_single_process  # noqa: E402
+from benchmarks.actor_mfu import SMOLLM2_135M, init_single_process  # noqa: E402
 from hybridflow.algorithms import build_algorithm, build_kl_controller  # noqa: E402
 from hybridflow.config import ExperimentConfig  # noqa: E402
 from hybridflow.config.parallel import RoleConfig  # noqa: E402
@@ -59,9 +59,7 @@ from megatron_adapters.process_groups import build_role_groups  # noqa: E402
 
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, vocab_size=512, tie_word_embeddings=False)
-SMOLLM2_135M = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-                    num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True)
-SHAPES = {"tiny": TINY, "smollm2_135m": SMOLLM2_135M}
+SHAPES = {"tiny": TINY, "smollm2_135m": {**SMOLLM2_135M, "tie_word_embeddings": True}}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
