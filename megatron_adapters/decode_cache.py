@@ -55,6 +55,11 @@ class DecodeCache:
     positioned: PositionedRotary | None = None  # the model's rotary embedding while attached
     fused: bool = False  # a decode step rotates and stores through the compiled `rotate_and_store`
 
+    @property
+    def rows(self) -> int:
+        """Batch rows the buffers hold (a generation may use fewer: the first ones)."""
+        return self.keys[0].shape[0]
+
     def keep_rows(self, rows: torch.Tensor) -> None:
         """Move the cached keys/values of batch rows `rows` (n indices) to rows 0..n-1, in that order; the
         buffers stay where they are, so graphs captured over their first rows stay valid."""

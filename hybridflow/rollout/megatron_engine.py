@@ -126,16 +126,19 @@ class MegatronRolloutEngine:
 
     def _decoder_for(self, bsz: int, total: int, device: torch.device) -> tuple[DecodeCache, DecodeStep]:
         """The KV cache and decode step (with its CUDA graphs) for a batch of `bsz` x `total`, kept from the last
-        generation when the shape and the weights' storage are the same (a graph reads both by address): graphs
-        are captured once per run, not per generation. The cache stays allocated in between, as the plan has it
-        (hybridflow.placement.memory counts the rollout's KV cache for the whole batch beside the training roles)."""
-        key = (bsz, total, tuple(p.data_ptr() for p in self.model.parameters()))
-        if self._decoder is None or self._decoder[0] != key:
+        generation while the weights' storage is the same (a graph reads it by address) and the batch fits: a
+        smaller batch (validation's, a later turn's) decodes in the kept cache's first rows and columns, so the
+        next training generation finds its graphs still there. Graphs are captured once per run, not per
+        generation. The cache stays allocated in between, as the plan has it (hybridflow.placement.memory counts
+        the rollout's KV cache for the whole batch beside the training roles)."""
+        weights = tuple(p.data_ptr() for p in self.model.parameters())
+        kept = self._decoder
+        if kept is None or kept[0] != weights or kept[1].rows < bsz or kept[1].max_len < total:
             self._decoder = None  # the old buffers go before the new ones are allocated
             graphs = uses_graphs(device, self.use_graphs)
             fused = graphs if self.fuse_decode is None else self.fuse_decode
             cache = new_decode_cache(self.model, bsz, total, fused=fused)
-            self._decoder = key, cache, DecodeStep(self.model, cache, bsz, device, self.attend_bucket, graphs)
+            self._decoder = weights, cache, DecodeStep(self.model, cache, bsz, device, self.attend_bucket, graphs)
         return self._decoder[1], self._decoder[2]
 
     def _sample(

@@ -190,9 +190,10 @@ def test_unfinished_rows_decode_alone_and_match_hf(hf_model):
 
 
 def _generations(hf_dir: str, sampling: SamplingParams, device: str = "cpu", use_graphs: bool | None = None):
-    """One engine generates the tail batch, then its rows reversed, then (its weights moved to new storage with
-    the same values) the reversed rows again; a fresh engine generates the reversed rows. Returns the four
-    (tokens, log-probs) and how many decode steps (with their graphs) the first engine built."""
+    """One engine generates the tail batch, then its rows reversed, then a smaller and narrower batch (as
+    validation's), then (its weights moved to new storage with the same values) the reversed rows again; fresh
+    engines generate the reversed rows and the small batch. Returns the six (tokens, log-probs) and how many decode
+    steps (with their graphs) the first engine built before and after the weights moved."""
     import hybridflow.rollout.megatron_engine as engine_module
 
     built = []
@@ -205,27 +206,31 @@ def _generations(hf_dir: str, sampling: SamplingParams, device: str = "cpu", use
     engine_module.DecodeStep = CountingStep
     tail = _tail_batch(device)
     reversed_rows = RolloutBatch(tail.tokens.flip(0), tail.prompt_lens.flip(0))
+    small = RolloutBatch(tail.tokens[:8, : 8 + TAIL_NEW], tail.prompt_lens[:8])  # rows 0..7: prompts of 1..8
     kept = _native_engine(hf_dir, use_graphs=use_graphs, attend_bucket=8)
-    outs = [kept.generate(tail, sampling), kept.generate(reversed_rows, sampling)]
+    outs = [kept.generate(tail, sampling), kept.generate(reversed_rows, sampling), kept.generate(small, sampling)]
     steps_built = len(built)
     kept.share_weights({name: t.clone() for name, t in kept.weight_tensors().items()})
     outs.append(kept.generate(reversed_rows, sampling))
     rebuilt = len(built) - steps_built
-    outs.append(_native_engine(hf_dir, use_graphs=use_graphs, attend_bucket=8).generate(reversed_rows, sampling))
+    outs += [_native_engine(hf_dir, use_graphs=use_graphs, attend_bucket=8).generate(batch, sampling)
+             for batch in (reversed_rows, small)]
     return [(o.tokens.cpu(), o.logprobs.cpu()) for o in outs], steps_built, rebuilt
 
 
 def test_decode_cache_and_graphs_kept_between_generations(hf_model):
-    """The second generation reuses the first one's cache (whose old keys it must not see) and decode step; new
-    weight storage gets new ones. Every output equals a fresh engine's."""
+    """The second generation reuses the first one's cache (whose old keys it must not see) and decode step, and so
+    does a smaller, narrower batch; new weight storage gets new ones. Every output equals a fresh engine's."""
     sampling = SamplingParams(max_new_tokens=TAIL_NEW, temperature=0.0)
     outs, steps_built, rebuilt = run_distributed(_generations, world_size=1, args=(hf_model[0], sampling))[0]
     assert (steps_built, rebuilt) == (1, 1)
-    fresh_tok, fresh_lp = outs[3]
-    for tok, lp in outs[1:3]:
+    fresh_tok, fresh_lp = outs[4]
+    for tok, lp in (outs[1], outs[3]):
         assert torch.equal(tok, fresh_tok)
         torch.testing.assert_close(lp, fresh_lp, atol=1e-6, rtol=0)
     assert torch.equal(outs[0][0], fresh_tok.flip(0))
+    assert outs[2][0].shape == (8, 8 + TAIL_NEW) and torch.equal(outs[2][0], outs[5][0])
+    torch.testing.assert_close(outs[2][1], outs[5][1], atol=1e-6, rtol=0)
 
 
 def _graphs_against_eager(hf_dir: str):
@@ -250,9 +255,9 @@ def test_kept_cuda_graphs_equal_a_fresh_engine(hf_model):
     outs, steps_built, rebuilt = run_distributed(_generations, world_size=1, device="cuda",
                                                  args=(hf_model[0], sampling, "cuda", True))[0]
     assert (steps_built, rebuilt) == (1, 1)
-    for tok, lp in outs[1:3]:
-        assert torch.equal(tok, outs[3][0])
-        torch.testing.assert_close(lp, outs[3][1], atol=1e-5, rtol=0)
+    for kept, fresh in ((outs[1], outs[4]), (outs[3], outs[4]), (outs[2], outs[5])):
+        assert torch.equal(kept[0], fresh[0])
+        torch.testing.assert_close(kept[1], fresh[1], atol=1e-5, rtol=0)
 
 
 @pytest.mark.gpu
