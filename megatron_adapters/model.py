@@ -238,7 +238,8 @@ def _rotate_in_core_attention(model: HFGPTModel, dtype: torch.dtype) -> None:
     RoPE does (megatron_adapters.rotary_tables); otherwise leave megatron's RoPE in place."""
     cores = [m for m in model.modules() if isinstance(m, SdpaCoreAttention)]
     attentions = [m for m in model.modules() if hasattr(m, "_yarn_concentration_factor")]
-    if (not cores or model.config.apply_rope_fusion or model.position_embedding_type != "rope"
+    if (not cores or model.config.apply_rope_fusion or model.config.no_rope_freq  # NoPE layers skip RoPE
+            or model.position_embedding_type != "rope"
             or not rotates_like_llama(model.rotary_pos_emb, model.config.kv_channels)
             or any(a._yarn_concentration_factor != 1.0 for a in attentions)):
         return

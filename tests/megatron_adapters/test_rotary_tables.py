@@ -64,6 +64,24 @@ def test_core_attention_rope_equals_megatrons_to_the_bit(dtype, recompute):
         assert all(torch.equal(a, b) for a, b in zip(ours_step, megatrons_step, strict=True))
 
 
+def _tables_built(overrides: dict, spec: str) -> bool:
+    from megatron_adapters.model import build_gpt
+    from megatron_adapters.process_groups import build_role_groups
+
+    cfg = LlamaConfig(**{**LLAMA, "num_hidden_layers": LAYERS})
+    model = build_gpt(cfg, build_role_groups([0], tp=1, pp=1, dp=1), spec=spec, **overrides)
+    return model.rotary_tables is not None
+
+
+@pytest.mark.parametrize(("overrides", "spec"), [
+    ({"rotary_interleaved": True}, "sdpa"),  # not what `rotate` computes
+    ({"no_rope_freq": [1, 0]}, "sdpa"),  # a NoPE layer: megatron skips RoPE there
+    ({}, "local"),  # megatron's own core attention
+], ids=["interleaved", "nope-layer", "local-spec"])
+def test_rope_the_tables_cannot_reproduce_stays_megatrons(overrides, spec):
+    assert not run_distributed(_tables_built, world_size=1, args=(overrides, spec))[0]
+
+
 def test_tables_grow_and_keep_their_first_rows():
     inv_freq = 1.0 / 10000 ** (torch.arange(0, 8, 2) / 8)
     angles = torch.outer(torch.arange(20.0), inv_freq).repeat(1, 2)[:, None, None, :]
