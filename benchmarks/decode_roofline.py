@@ -114,7 +114,6 @@ def main(argv=None) -> dict:
     dims = QUICK if args.quick else SHAPES[args.shape]
     cfg = LlamaConfig(**dims, max_position_embeddings=prompt + new_tokens, rope_theta=500000.0,
                       tie_word_embeddings=args.shape in TIED_SHAPES, architectures=["LlamaForCausalLM"])
-
     pg = build_role_groups([0], tp=1, pp=1, dp=1)
     seed_role_rng(1234, pg)
     dtype = torch.bfloat16 if on_gpu else torch.float32

@@ -12,7 +12,8 @@ per tensor plus their backward. At 135M those launches, not the arithmetic, are 
 - `HFGPTModel` (megatron_adapters.model) hands megatron no angles for an unpacked micro-batch, so its RoPE is
   skipped, and `SdpaCoreAttention` rotates the query and key it receives. Packed ("thd") input keeps megatron's
   RoPE in one pass per layer (megatron_adapters.packed_rotary).
-- The native rollout engine's decode cache reads the same tables at its columns (megatron_adapters.decode_cache).
+- The native rollout engine's decode cache makes its own tables with `cos_and_signed_sin` over its columns and
+  rotates with the same `rotate` (megatron_adapters.decode_cache).
 """
 
 from __future__ import annotations
