@@ -32,7 +32,8 @@ def test_candidates_double_from_the_smallest_micro_batch_up_to_the_cap():
     assert budget_candidates(cfg, ("actor", "critic")) == [4096, 8192, 16384]
     cfg = _cfg("ppo_llama_1b_h200", "data.seq_length=1536", "data.max_prompt_length=512")
     assert budget_candidates(cfg, ("actor",)) == [12288, UPDATE_BUDGET_CAP]  # 4 x 1536 doubled, then the cap
-    assert budget_candidates(_cfg("grpo_smollm2"), ("actor",)) == []  # 64 x 320 rows already exceed the cap
+    # 64 x 320 rows already exceed the cap
+    assert budget_candidates(_cfg("grpo_smollm2", "roles.actor.update_max_tokens=null"), ("actor",)) == []
 
 
 def test_the_planner_picks_the_largest_budget_that_fits():

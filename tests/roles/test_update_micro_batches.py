@@ -30,7 +30,8 @@ def test_memory_model_sizes_the_update_as_the_runtime_cuts_it():
                                            "algorithm.mini_batch_size=32"])
     shape = micro_batch_shape(cfg, "actor", dp=2)
     assert (shape.rows, shape.count, shape.row_tokens) == (8, 2, 320)
-    off = micro_batch_shape(resolve_experiment("grpo_smollm2", ["roles.actor.micro_batch_size=4"]), "actor", dp=1)
+    off = micro_batch_shape(resolve_experiment("grpo_smollm2", ["roles.actor.micro_batch_size=4",
+                                                                "roles.actor.update_max_tokens=0"]), "actor", dp=1)
     assert (off.rows, off.count) == (4, 32)  # budget 0: micro_batch_size rows, 128 / 4 of them
 
 

@@ -12,8 +12,9 @@ from hybridflow.resolve import resolve_experiment
 MEASURED_STEP_S = 1.97
 MEASURED_FORWARD_PASS_S = 0.22  # ref and old log-probs alike: 256 samples in 4 micro-batches of 64 rows
 MEASURED_UPDATE_S = 0.62
-# the recipe as it ran then: pi_old recomputed every step, eager log-prob kernels
-MEASURED_SETTINGS = ["algorithm.old_logprobs=actor", "trainer.parity_every=1", "trainer.compile_logprobs=false"]
+# the recipe as it ran then: pi_old recomputed every step, eager log-prob kernels, micro-batches of 64 rows
+MEASURED_SETTINGS = ["algorithm.old_logprobs=actor", "trainer.parity_every=1", "trainer.compile_logprobs=false",
+                     "roles.actor.forward_max_tokens=16384", "roles.actor.update_max_tokens=null"]
 
 
 def _predicted(overrides=MEASURED_SETTINGS):
@@ -46,7 +47,7 @@ def test_pi_old_from_the_rollout_costs_the_actor_pass_on_parity_steps_only():
     passes = {tuple(o): workload_from_config(resolve_experiment("grpo_smollm2", o)).role("actor").preparation_passes
               for o in ([], ["trainer.parity_every=0"], ["algorithm.old_logprobs=actor"])}
     assert list(passes.values()) == [pytest.approx(0.1), 0.0, 1.0]
-    (_, rollout), (_, actor) = _predicted([]), _predicted()
+    (_, rollout), (_, actor) = _predicted([]), _predicted(["algorithm.old_logprobs=actor"])
     overhead = efficiency_for("H200").role_pass_overhead_s  # paid per stage, whatever its passes
     one_pass = _stage(actor, "actor", "preparation") - overhead
     assert _stage(rollout, "actor", "preparation") - overhead == pytest.approx(one_pass / 10)
