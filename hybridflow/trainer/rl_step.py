@@ -203,16 +203,26 @@ class RLStep:
         """PPO epochs x mini-batches; each mini-batch is split over the role's DP replicas."""
         r, alg = self.roles[role], self.cfg.algorithm
         collected: dict[str, list[float]] = {}
-        for _ in range(alg.ppo_epochs):
+        for epoch in range(alg.ppo_epochs):
+            order = self.sample_order(batch.size, epoch)
             for start in range(0, batch.size, alg.mini_batch_size):
                 mine = r.local_rows(alg.mini_batch_size)  # this replica's share of the mini-batch
                 rows = slice(start + mine.start, start + mine.stop)
-                tensors = batch.tensors("loss_mask", *fields, rows=rows)
+                tensors = batch.tensors("loss_mask", *fields, rows=rows if order is None else order[rows])
                 micro = r.micro_batches(tensors)
                 scale = self._loss_scale(r, tensors["loss_mask"], len(micro))
                 for k, v in r.train(micro, lambda out, mb, s=scale: loss_fn(out, mb, s)).items():
                     collected.setdefault(f"{role}/{k}", []).append(v)
         return {k: sum(v) / len(v) for k, v in collected.items()}
+
+    def sample_order(self, size: int, epoch: int) -> torch.Tensor | None:
+        """The order mini-batches are cut from this step's `size` samples in PPO epoch `epoch`: None = batch
+        order, else (algorithm.shuffle_mini_batches) a permutation from trainer.seed, the step and the epoch, the
+        same on every rank and in a resumed run."""
+        if not self.cfg.algorithm.shuffle_mini_batches:
+            return None
+        seed = (self.cfg.trainer.seed * 1_000_003 + self.steps_done * 1_009 + epoch) % 2**62
+        return torch.randperm(size, generator=torch.Generator().manual_seed(seed))
 
     def _actor_fields(self) -> tuple[str, ...]:
         return ("old_logprobs", "advantages") + (("ref_logprobs",) if self._kl_loss else ()) \
