@@ -1,7 +1,7 @@
 """hybridflow vs TRL on a real model and task: the same GRPO work, throughput and held-out accuracy per seed.
 
     python -m benchmarks.trl_curve --out DIR [--experiment grpo_smollm2 --seeds 1,2 --steps 40 --eval-every 10]
-        [--trl-generation vllm-colocate|hf] [-- hydra overrides for the hybridflow side]
+        [--trl-generation vllm-colocate|hf] [--label NAME] [-- hydra overrides for the hybridflow side]
     python -m benchmarks.trl_curve --out DIR --dry-run     # CPU: the config mapping only
 
 The experiment names the model (a real checkpoint, e.g. SmolLM2-135M-Instruct from `model=smollm2_135m`), the
@@ -11,6 +11,8 @@ built-in task (chat prompts, `#### n` answers) and every hyperparameter. For eac
 clip range, temperature and response limit (responses end at eos on both sides), evaluated on the same held-out
 prompts with greedy decoding at the same steps. Written to DIR: compare.json, compare.md, accuracy.png (held-out
 accuracy against samples trained on, both frameworks, every seed), hybridflow_s<seed>/, trl_s<seed>.json.
+`--label NAME` names a hybridflow variant (its overrides) `hybridflow-<engine>-NAME`, so variants and TRL share one
+DIR and one compare.json.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                         help="RL steps between held-out evaluations (default: the experiment's trainer.val_every)")
     parser.add_argument("--trl-generation", default="vllm-colocate", choices=("vllm-colocate", "hf"))
     parser.add_argument("--sides", default="hybridflow,trl", help="which frameworks to run (comma-separated)")
+    parser.add_argument("--label", default="", help="a name for this hybridflow variant: its side is "
+                        "hybridflow-<engine>-LABEL, beside the others in the same --out")
     parser.add_argument("--dry-run", action="store_true", help="check the config mapping only")
     return parse_with_overrides(parser, argv)
 
@@ -100,14 +104,15 @@ def run_seed(args: argparse.Namespace, cfg: ExperimentConfig, extra: list[str], 
     result: dict = {"seed": seed, "work": asdict(work)}
     sides = args.sides.split(",")
     if "hybridflow" in sides:
-        name = f"hybridflow-{cfg.rollout.engine}"
+        name = side_name(cfg.rollout.engine, args.label)
         run_dir = out / f"{name}_s{seed}"
         cmd = hybridflow_command(args.experiment, work, run_dir, extra)
         print(f"{name}:", " ".join(cmd[1:]), flush=True)
         shutil.rmtree(run_dir, ignore_errors=True)  # a failed earlier try would add its records to metrics.jsonl
         subprocess.run(cmd, cwd=REPO_ROOT, check=True)
+        variant = f", {args.label}" if args.label else ""
         result[name] = {"command": " ".join(cmd[1:]), **hybridflow_result(run_dir, work),
-                        "framework": f"hybridflow ({cfg.rollout.engine} rollout)"}
+                        "framework": f"hybridflow ({cfg.rollout.engine} rollout{variant})"}
     if "trl" in sides:
         spec = out / f"trl_spec_s{seed}.json"
         spec.write_text(json.dumps(asdict(work), indent=2))
@@ -116,6 +121,11 @@ def run_seed(args: argparse.Namespace, cfg: ExperimentConfig, extra: list[str], 
                         "--out", str(out / f"trl_s{seed}.json")], cwd=REPO_ROOT, check=True)
         result["trl"] = json.loads((out / f"trl_s{seed}.json").read_text())
     return result
+
+
+def side_name(engine: str, label: str = "") -> str:
+    """hybridflow's side in compare.json: its engine, and the variant's --label if any."""
+    return f"hybridflow-{engine}" + (f"-{label}" if label else "")
 
 
 def sides_of(run: dict) -> list[str]:
@@ -190,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
             work = shared_work(cfg, args.steps or cfg.trainer.total_steps, args.eval_every or cfg.trainer.val_every,
                                seeds[0], args.trl_generation)
             print(json.dumps({"work": asdict(work), "hybridflow_command": hybridflow_command(
-                args.experiment, work, out / f"hybridflow-{cfg.rollout.engine}_s{seeds[0]}", extra)[1:],
+                args.experiment, work, out / f"{side_name(cfg.rollout.engine, args.label)}_s{seeds[0]}", extra)[1:],
                 "grpo_config": grpo_config_kwargs(replace(work), str(out / "trl_output"), on_gpu=False)},
                 indent=2, default=str))
             return 0

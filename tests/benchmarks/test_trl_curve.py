@@ -75,3 +75,10 @@ def test_report_has_a_ratio_per_engine_and_a_plot(tmp_path):
     assert "samples/s" in text and "| 16.0 |" in text  # 16 samples per step in 1.0 s, beside tokens/s
     trl_curve.plot_accuracy(runs, tmp_path / "accuracy.png")
     assert (tmp_path / "accuracy.png").stat().st_size > 1000
+
+
+def test_a_labelled_variant_is_a_side_of_its_own():
+    assert trl_curve.side_name("megatron") == "hybridflow-megatron"
+    name = trl_curve.side_name("megatron", "shuffle")
+    run = {"seed": 1, "hybridflow-megatron": {}, name: {}, "trl": {}}
+    assert trl_curve.sides_of(run) == ["hybridflow-megatron", "hybridflow-megatron-shuffle", "trl"]
