@@ -239,7 +239,10 @@ def run_trl(work: SharedWork, output_dir: str) -> dict:
     return {"framework": f"trl {trl.__version__} GRPOTrainer ({how})", "timed_steps": len(step_s),
             **rates(tokens, step_s, work.samples),
             "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if on_gpu else None,
-            "step_times_s": step_s, "accuracy": accuracy}
+            "step_times_s": step_s, "accuracy": accuracy,
+            # TRL's own per-optimizer-step log (loss, KL, entropy, completion length, clip and IS-ratio figures), to
+            # set beside hybridflow's metrics.jsonl step by step
+            "log_history": trainer.state.log_history}
 
 
 def main(argv: list[str] | None = None) -> int:

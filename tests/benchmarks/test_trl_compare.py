@@ -122,6 +122,7 @@ def test_trl_side_runs_on_cpu_when_trl_is_installed(tmp_path):
                  micro_batch_size=2, ppo_epochs=1, warmup_steps=1, steps=1, trl_generation="hf")  # no vLLM on CPU
     out = run_trl(work, str(tmp_path / "trl"))
     assert out["timed_steps"] == 1 and out["step_time_s"] > 0
+    assert any("loss" in e for e in out["log_history"])  # TRL's own per-step log comes back
     prompts = [r["prompt"] for r in prompt_rows(work)[2:4]]  # the timed (second) step's prompts, unshuffled
     # 4 samples x 4 response tokens + each sample's prompt (its characters + <bos>)
     assert out["tokens_per_step"] == 4 * 4 + 2 * sum(len(p) + 1 for p in prompts)
