@@ -74,7 +74,8 @@ def shared_work(cfg: ExperimentConfig, steps: int, eval_every: int, seed: int, t
         micro_batch_size=cfg.roles.actor.micro_batch_size, ppo_epochs=cfg.algorithm.ppo_epochs, lr=cfg.trainer.lr,
         kl_coef=cfg.algorithm.kl_coef, cliprange=cfg.algorithm.cliprange, temperature=cfg.rollout.temperature,
         warmup_steps=0, steps=steps, seed=seed, task=cfg.data.source, reward=reward, stop_at_eos=True,
-        eval_every=eval_every, eval_rows=cfg.data.val_size, trl_generation=trl_generation)
+        eval_every=eval_every, eval_rows=cfg.data.val_size, trl_generation=trl_generation,
+        max_prompt_length=cfg.data.max_prompt_length)
     work.check()
     return work
 

@@ -52,6 +52,9 @@ class SharedWork:
     # TRL's policy weights: "fp32" under the Trainer's bf16 autocast (mixed precision, as hybridflow's fp32 master
     # weights; the default) or "bf16" (pure bf16: faster, but lr-sized updates round away, see run_trl)
     trl_dtype: str = "fp32"
+    # TRL's training prompts: None = the task's rows in order; a length = the prompts hybridflow's run trains on
+    # (its loader at this data.max_prompt_length, seed `seed`), step for step, so the two sides are paired
+    max_prompt_length: int | None = None
 
     @property
     def samples(self) -> int:
@@ -105,10 +108,24 @@ def grpo_config_kwargs(work: SharedWork, output_dir: str, on_gpu: bool = True) -
 
 def prompt_rows(work: SharedWork) -> list[dict]:
     """The prompts hybridflow's built-in task gives, enough for every RL step (text, or chat messages that TRL
-    renders with the tokenizer's template as hybridflow does)."""
+    renders with the tokenizer's template as hybridflow does). With `work.max_prompt_length`: the ones hybridflow's
+    run draws, in its order (its PromptLoader over the task's rows for `work.seed`, over-long prompts dropped)."""
     from hybridflow.data.tasks import builtin_task, task_rows
 
-    return task_rows(builtin_task(work.task), work.prompts * (work.warmup_steps + work.steps), work.seed)
+    steps = work.warmup_steps + work.steps
+    if work.max_prompt_length is None:
+        return task_rows(builtin_task(work.task), work.prompts * steps, work.seed)
+    from transformers import AutoTokenizer
+
+    from hybridflow.data.loader import PromptLoader
+    from hybridflow.data.prompts import load_prompt_dataset
+
+    loader = PromptLoader(load_prompt_dataset(work.task, seed=work.seed), AutoTokenizer.from_pretrained(work.model_dir),
+                          work.prompts, work.max_prompt_length, seed=work.seed)
+    # the loader renders chat prompts to text and keeps the messages beside them: TRL gets the messages back
+    rows = [row for _ in range(steps) for row in loader.next_rows()]
+    return [{**{k: v for k, v in row.items() if k != "prompt_messages"},
+             "prompt": row.get("prompt_messages", row["prompt"])} for row in rows]
 
 
 def held_out(work: SharedWork) -> list[dict]:

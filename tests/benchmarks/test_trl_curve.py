@@ -82,3 +82,26 @@ def test_a_labelled_variant_is_a_side_of_its_own():
     name = trl_curve.side_name("megatron", "shuffle")
     run = {"seed": 1, "hybridflow-megatron": {}, name: {}, "trl": {}}
     assert trl_curve.sides_of(run) == ["hybridflow-megatron", "hybridflow-megatron-shuffle", "trl"]
+
+
+def test_trl_trains_on_the_prompts_hybridflow_draws_in_its_order():
+    """Paired sides: TRL's prompts are hybridflow's loader's for the seed (a permutation of the task's 8192 rows
+    from the seed, when none is too long), chat messages and all; unpaired, the task's first rows."""
+    import dataclasses
+
+    import torch
+
+    from benchmarks.trl_grpo import prompt_rows
+    from hybridflow.data.tasks import builtin_task, task_rows
+    from tests.packaged_model import smollm2_checkpoint
+
+    cfg = load_experiment("grpo_smollm2", ["model.packaged=null", f"model.path={smollm2_checkpoint()}"])
+    work = dataclasses.replace(trl_curve.shared_work(cfg, steps=2, eval_every=1, seed=5, trl_generation="hf"),
+                               prompts=3, max_prompt_length=100_000)
+    raw = task_rows(builtin_task("builtin:gsm8k_easy"), 8192, 5)
+    order = torch.randperm(8192, generator=torch.Generator().manual_seed(5))[:6].tolist()
+    assert prompt_rows(work) == [raw[i] for i in order]
+    assert isinstance(prompt_rows(work)[0]["prompt"], list)  # messages, which TRL renders itself
+    assert prompt_rows(dataclasses.replace(work, max_prompt_length=None)) == task_rows(
+        builtin_task("builtin:gsm8k_easy"), 6, 5)
+    assert trl_curve.shared_work(cfg, steps=2, eval_every=1, seed=5, trl_generation="hf").max_prompt_length == 160
