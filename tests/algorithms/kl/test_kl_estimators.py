@@ -75,3 +75,20 @@ def test_config_choices_are_the_estimators():
 def test_unknown_estimator_names_the_field_it_came_from():
     with pytest.raises(UserError, match=r"^algorithm\.kl_loss_estimator: unknown 'k9'"):
         kl_estimator("k9", "algorithm.kl_loss_estimator")
+
+
+def test_k2_gradient_is_trls_bias_corrected_k3_gradient_on_policy():
+    """TRL 1.16 (use_bias_correction_kl, its default) multiplies k3 by the ratio pi / pi_old, differentiable: its
+    gradient per token is ratio * (log pi - log ref), which at ratio 1 is k2's; plain k3's, 1 - ref / pi, is not."""
+    ref = torch.tensor([-1.0, -2.0, -0.5, -3.0])
+    logp = torch.tensor([-0.2, -1.5, -1.0, -1.0], requires_grad=True)
+    old = logp.detach()  # on-policy: pi_old = pi, ratio 1
+    (kl_k3(logp, ref) * torch.exp(logp - old)).sum().backward()
+    trl = logp.grad.clone()
+    logp.grad = None
+    kl_k2(logp, ref).sum().backward()
+    torch.testing.assert_close(logp.grad, trl)
+    torch.testing.assert_close(trl, (logp - ref).detach())  # the hand formula
+    logp.grad = None
+    kl_k3(logp, ref).sum().backward()
+    assert not torch.allclose(logp.grad, trl, atol=1e-2)  # 1 - exp(ref - logp): 0.55, 0.39, -0.65, 0.86 vs 0.8, 0.5, -0.5, 2
