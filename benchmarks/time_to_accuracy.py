@@ -66,7 +66,26 @@ def summarize(runs: list[dict], out: Path, threshold: float) -> dict:
                 by_step.setdefault(p["step"], []).append(p["accuracy"])
         entry["at_step"] = {step: {"mean": sum(a) / len(a), "min": min(a), "max": max(a), "seeds": len(a)}
                             for step, a in sorted(by_step.items())}
-    return {"threshold": threshold, "frameworks": frameworks}
+    return {"threshold": threshold, "frameworks": frameworks, "minus_trl": paired_differences(frameworks)}
+
+
+def paired_differences(frameworks: dict) -> dict:
+    """Per hybridflow side and evaluation step: its accuracy minus TRL's on the same seed (the sides are paired:
+    same prompts, step for step, since 3ba2a63), as mean, [min, max] and how many seeds are at least TRL's."""
+    trl = frameworks.get("trl")
+    out: dict[str, dict] = {}
+    for name, entry in frameworks.items():
+        if name == "trl" or trl is None:
+            continue
+        by_step: dict[int, list[float]] = {}
+        for seed, s in entry["seeds"].items():
+            theirs = {p["step"]: p["accuracy"] for p in trl["seeds"].get(seed, {}).get("curve", [])}
+            for p in s["curve"]:
+                if p["step"] in theirs:
+                    by_step.setdefault(p["step"], []).append(p["accuracy"] - theirs[p["step"]])
+        out[name] = {step: {"mean": sum(d) / len(d), "min": min(d), "max": max(d), "seeds": len(d),
+                            "at_least": sum(x >= 0 for x in d)} for step, d in sorted(by_step.items())}
+    return out
 
 
 SHARED_NOTE = (" 'GPU shared': that run shared its GPU with others (benchmarks.merge_curves @shared): its seconds"
@@ -95,6 +114,15 @@ def markdown(summary: dict, meta: dict) -> str:
         cells = [(f"{a['mean']:.3f} [{a['min']:.3f}, {a['max']:.3f}]" if (a := entry["at_step"].get(s)) else "-")
                  for s in _steps(summary)]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    if summary.get("minus_trl"):
+        lines += ["", "Minus TRL on the same seed (mean [min, max]; seeds at least TRL's / seeds; paired, the same "
+                  "prompts step for step, from 3ba2a63 on):", "",
+                  "| framework | " + " | ".join(f"step {s}" for s in _steps(summary)) + " |",
+                  "|---|" + "---|" * len(_steps(summary))]
+        for name, diffs in summary["minus_trl"].items():
+            cells = [(f"{d['mean']:+.3f} [{d['min']:+.3f}, {d['max']:+.3f}] {d['at_least']}/{d['seeds']}"
+                      if (d := diffs.get(s)) else "-") for s in _steps(summary)]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -53,3 +53,16 @@ def test_evaluation_past_the_recorded_steps_is_one_clear_error(tmp_path):
     side = {"accuracy": [{"step": 5, "samples": 80, "accuracy": 0.5}]}
     with pytest.raises(Exception, match="only 2 step times"):
         tta.curve(side, [1.0, 1.0])
+
+
+def test_paired_differences_against_trl_per_seed(tmp_path):
+    _compare(tmp_path)
+    summary = tta.summarize(json.loads((tmp_path / "compare.json").read_text())["runs"], tmp_path, 0.45)
+    diffs = summary["minus_trl"]["hybridflow-megatron"]
+    # step 2: seed 1 0.3 - 0.46, seed 2 0.4 - 0.3; step 4: 0.5 - 0.5, 0.44 - 0.3
+    assert diffs[2] == {"mean": pytest.approx(-0.03), "min": pytest.approx(-0.16), "max": pytest.approx(0.1),
+                        "seeds": 2, "at_least": 1}
+    assert diffs[4]["at_least"] == 2 and diffs[4]["mean"] == pytest.approx(0.07)
+    assert "trl" not in summary["minus_trl"]
+    assert "| hybridflow-megatron | +0.000 [+0.000, +0.000] 2/2 | -0.030 [-0.160, +0.100] 1/2 |" in tta.markdown(
+        summary, {})
