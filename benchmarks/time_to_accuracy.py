@@ -66,12 +66,15 @@ def summarize(runs: list[dict], out: Path, threshold: float) -> dict:
                 by_step.setdefault(p["step"], []).append(p["accuracy"])
         entry["at_step"] = {step: {"mean": sum(a) / len(a), "min": min(a), "max": max(a), "seeds": len(a)}
                             for step, a in sorted(by_step.items())}
-    return {"threshold": threshold, "frameworks": frameworks, "minus_trl": paired_differences(frameworks)}
+    # runs from 3ba2a63 on record the prompt length TRL's side used to draw hybridflow's prompts (paired sides)
+    paired = bool(runs) and all(run.get("work", {}).get("max_prompt_length") is not None for run in runs)
+    return {"threshold": threshold, "frameworks": frameworks, "minus_trl": paired_differences(frameworks),
+            "paired": paired}
 
 
 def paired_differences(frameworks: dict) -> dict:
-    """Per hybridflow side and evaluation step: its accuracy minus TRL's on the same seed (the sides are paired:
-    same prompts, step for step, since 3ba2a63), as mean, [min, max] and how many seeds are at least TRL's."""
+    """Per hybridflow side and evaluation step: its accuracy minus TRL's on the same seed, as mean, [min, max] and
+    how many seeds are at least TRL's (sharpest when the sides are paired: the same prompts, step for step)."""
     trl = frameworks.get("trl")
     out: dict[str, dict] = {}
     for name, entry in frameworks.items():
@@ -115,8 +118,9 @@ def markdown(summary: dict, meta: dict) -> str:
                  for s in _steps(summary)]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     if summary.get("minus_trl"):
-        lines += ["", "Minus TRL on the same seed (mean [min, max]; seeds at least TRL's / seeds; paired, the same "
-                  "prompts step for step, from 3ba2a63 on):", "",
+        pairing = ("paired: the same prompts step for step" if summary.get("paired") else
+                   "NOT paired: the sides drew different prompts for a seed (runs before 3ba2a63)")
+        lines += ["", f"Minus TRL on the same seed (mean [min, max]; seeds at least TRL's / seeds; {pairing}):", "",
                   "| framework | " + " | ".join(f"step {s}" for s in _steps(summary)) + " |",
                   "|---|" + "---|" * len(_steps(summary))]
         for name, diffs in summary["minus_trl"].items():

@@ -62,6 +62,7 @@ class AlgorithmConfig:
     # Samples (prompt x response) per optimizer step; must divide train_batch_size * n_samples_per_prompt.
     mini_batch_size: int = bounded(8, ge=1)
     # Cut mini-batches from a permutation of the step's samples (drawn from trainer.seed, the step and the PPO
-    # epoch: the same on every rank and after a resume), as TRL's GRPOTrainer and OpenRLHF do, so each optimizer
-    # step sees samples of every prompt. False: mini-batches in batch order, i.e. whole prompt groups (verl's default).
+    # epoch: the same on every rank, and after a resume with the same trainer.seed), as TRL's GRPOTrainer does (it
+    # shuffles once per generation batch and keeps that split for every iteration), so an optimizer step mixes the
+    # prompts' groups. False: mini-batches in batch order, i.e. whole prompt groups (verl's default).
     shuffle_mini_batches: bool = False

@@ -64,5 +64,10 @@ def test_paired_differences_against_trl_per_seed(tmp_path):
                         "seeds": 2, "at_least": 1}
     assert diffs[4]["at_least"] == 2 and diffs[4]["mean"] == pytest.approx(0.07)
     assert "trl" not in summary["minus_trl"]
-    assert "| hybridflow-megatron | +0.000 [+0.000, +0.000] 2/2 | -0.030 [-0.160, +0.100] 1/2 |" in tta.markdown(
-        summary, {})
+    text = tta.markdown(summary, {})
+    assert "| hybridflow-megatron | +0.000 [+0.000, +0.000] 2/2 | -0.030 [-0.160, +0.100] 1/2 |" in text
+    assert not summary["paired"] and "NOT paired" in text  # the fixture's runs record no max_prompt_length
+    runs = json.loads((tmp_path / "compare.json").read_text())["runs"]
+    for run in runs:
+        run["work"]["max_prompt_length"] = 160
+    assert "paired: the same prompts" in tta.markdown(tta.summarize(runs, tmp_path, 0.45), {})
