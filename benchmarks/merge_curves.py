@@ -19,6 +19,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks.time_to_accuracy import read_compare
 from hybridflow.errors import UserError, cli_errors
 
 DEFAULT_SIDE = "hybridflow-megatron"
@@ -55,16 +56,14 @@ def merge(sources: list[Source], out: Path) -> dict:
     runs: dict[int, dict] = {}
     metas, devices = [], []
     for src in sources:
-        compare = src.dir / "compare.json"
-        if not compare.is_file():
-            raise UserError(f"{compare}: not found; each DIR must be a benchmarks.trl_curve --out directory")
-        data = json.loads(compare.read_text())
+        data = read_compare(src.dir)
         meta = data.get("meta", {})
         metas.append(f"{src.label}: {meta.get('commit', '?')} {meta.get('date', '?')}")
         devices.append(meta.get("device", "?"))
         found = [r for r in data["runs"] if src.side in r and (src.seeds is None or r["seed"] in src.seeds)]
         if not found:
-            raise UserError(f"{compare}: no {src.side} run{'' if src.seeds is None else f' of seeds {src.seeds}'}")
+            seeds = "" if src.seeds is None else f" of seeds {src.seeds}"
+            raise UserError(f"{src.dir / 'compare.json'}: no {src.side} run{seeds}")
         for run in found:
             seed = run["seed"]
             if src.label in runs.get(seed, {}):

@@ -22,6 +22,14 @@ from benchmarks.run_summary import read_rl_records
 from hybridflow.errors import UserError, cli_errors
 
 
+def read_compare(directory: Path) -> dict:
+    """`directory`/compare.json ({"meta", "runs"}) as benchmarks.trl_curve writes it, or one clear error."""
+    compare = directory / "compare.json"
+    if not compare.is_file():
+        raise UserError(f"{compare}: not found; pass the --out directory of benchmarks.trl_curve")
+    return json.loads(compare.read_text())
+
+
 def step_times(run_dir: Path, side: dict, name: str) -> list[float]:
     """Seconds of RL steps 1..N of one side: its own `step_times_s`, else the hybridflow run's metrics.jsonl."""
     if "step_times_s" in side:
@@ -168,10 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threshold", type=float, default=0.45)
     with cli_errors():
         args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-        compare = args.dir / "compare.json"
-        if not compare.is_file():
-            raise UserError(f"{compare}: not found; pass the --out directory of benchmarks.trl_curve")
-        data = json.loads(compare.read_text())
+        data = read_compare(args.dir)
         summary = summarize(data["runs"], args.dir, args.threshold)
         (args.dir / "time_to_accuracy.json").write_text(json.dumps(summary, indent=2))
         text = markdown(summary, data.get("meta", {}))

@@ -14,11 +14,11 @@ and seed).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 from benchmarks.run_summary import read_rl_records
+from benchmarks.time_to_accuracy import read_compare
 from hybridflow.errors import UserError, cli_errors
 
 # quantity -> (hybridflow metrics.jsonl key, TRL log_history key)
@@ -118,15 +118,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("dir", type=Path, help="a benchmarks.trl_curve --out directory")
     with cli_errors():
         args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-        compare = args.dir / "compare.json"
-        if not compare.is_file():
-            raise UserError(f"{compare}: not found; pass the --out directory of benchmarks.trl_curve")
-        curves = collect(json.loads(compare.read_text())["runs"], args.dir)
+        curves = collect(read_compare(args.dir)["runs"], args.dir)
         last = max(s for seeds in curves.values() for series in seeds.values() for s in series["reward"])
-        steps = sorted({1, *range(10, last + 1, 10), last})
-        (args.dir / "training_curves.md").write_text(markdown(curves, steps))
+        text = markdown(curves, sorted({1, *range(10, last + 1, 10), last}))
+        (args.dir / "training_curves.md").write_text(text)
         plot(curves, args.dir / "training_curves.png")
-        print(markdown(curves, steps))
+        print(text)
     return 0
 
 
