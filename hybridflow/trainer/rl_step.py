@@ -218,7 +218,7 @@ class RLStep:
     def sample_order(self, size: int, epoch: int) -> torch.Tensor | None:
         """The order mini-batches are cut from this step's `size` samples in PPO epoch `epoch`: None = batch
         order, else (algorithm.shuffle_mini_batches) a permutation from trainer.seed, the step and the epoch, the
-        same on every rank and in a resumed run."""
+        same on every rank and in a run resumed with the same trainer.seed."""
         if not self.cfg.algorithm.shuffle_mini_batches:
             return None
         seed = (self.cfg.trainer.seed * 1_000_003 + self.steps_done * 1_009 + epoch) % 2**62
