@@ -37,7 +37,24 @@ def test_train_seconds_before_each_evaluation_and_first_crossing(tmp_path):
     assert [p["train_seconds"] for p in hf["seeds"][1]["curve"]] == [0.0, 3.0, 10.0]
     assert hf["seeds"][1]["reached"]["step"] == 4 and hf["seeds"][2]["reached"] is None
     assert trl["seeds"][1]["reached"] == {"step": 2, "samples": 32, "accuracy": 0.46, "train_seconds": 10.0}
-    assert trl["at_step"][2] == {"mean": pytest.approx(0.38), "min": 0.3, "max": 0.46, "seeds": 2}
+    assert trl["at_step"][2] == {"mean": pytest.approx(0.38), "min": 0.3, "max": 0.46, "seeds": 2, "samples": 32,
+                                 "train_seconds": {"mean": 10.0, "min": 10.0, "max": 10.0}}
+
+
+def test_the_seed_mean_curve_crossing_and_its_time_against_trls(tmp_path):
+    _compare(tmp_path)
+    runs = json.loads((tmp_path / "compare.json").read_text())["runs"]
+    # hybridflow's seed mean: 0.2, 0.35, 0.47 (seconds 0, 3, 10); TRL's: 0.2, 0.38, 0.4 (seconds 0, 10, 20)
+    at_45 = tta.summarize(runs, tmp_path, 0.45)["frameworks"]
+    assert at_45["hybridflow-megatron"]["mean_reached"]["step"] == 4 and at_45["trl"]["mean_reached"] is None
+    summary = tta.summarize(runs, tmp_path, 0.39)
+    hf, trl = (summary["frameworks"][n]["mean_reached"] for n in ("hybridflow-megatron", "trl"))
+    assert (hf["step"], hf["samples"], hf["train_seconds"]["mean"]) == (4, 64, 10.0)
+    assert (trl["step"], trl["train_seconds"]["mean"]) == (4, 20.0)
+    assert "| hybridflow-megatron | 4 | 64 | 0.470 | 10 [10, 10] | 0.50x |" in tta.markdown(summary, {})
+    # a step that not every seed reached does not count: drop seed 2's last evaluation
+    del runs[1]["hybridflow-megatron"]["accuracy"][-1]
+    assert tta.summarize(runs, tmp_path, 0.45)["frameworks"]["hybridflow-megatron"]["mean_reached"] is None
 
 
 def test_cli_writes_table_and_both_plots(tmp_path):
