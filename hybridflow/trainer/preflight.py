@@ -13,9 +13,14 @@ from hybridflow.rewards import resolve_reward_fn
 from hybridflow.tools import environment_tools
 from hybridflow.trainer.validation import validation_set, validation_wanted
 
+# A card counts as the planned size down to this share of cluster.gpu_memory_gib: nominal sizes round up (an
+# "80 GB" H100 reports 79.6 GiB, a "141 GB" H200 140.4).
+SAME_SIZE_SHARE = 0.98
+
 
 def check_devices(cfg: ExperimentConfig, plan: Plan) -> None:
-    """This machine has the GPUs per node the plan places ranks on; raises UserError naming the field."""
+    """This machine has the GPUs per node the plan places ranks on, with the memory the plan needs of each;
+    raises UserError naming the field."""
     if cfg.cluster.gpu_type != "cpu":
         have = torch.cuda.device_count()
         if have < plan.gpus_per_node:
@@ -23,6 +28,25 @@ def check_devices(cfg: ExperimentConfig, plan: Plan) -> None:
                 f"cluster.gpus_per_node: the experiment needs {plan.gpus_per_node} GPUs per node, this machine "
                 f"has {have}; run on a machine with them or use +experiment=tiny_cpu"
             )
+        smallest = min((torch.cuda.get_device_properties(i) for i in range(plan.gpus_per_node)),
+                       key=lambda p: p.total_memory)
+        check_device_memory(cfg, plan, smallest.total_memory, smallest.name)
+
+
+def check_device_memory(cfg: ExperimentConfig, plan: Plan, total_bytes: int, name: str) -> None:
+    """The plan's largest per-GPU estimate fits a GPU of `total_bytes`, less the plan's headroom. A plan made for
+    a larger card than this machine's (cluster.gpu_type) would otherwise run out of memory mid-step."""
+    if total_bytes >= SAME_SIZE_SHARE * plan.capacity_bytes or not plan.memory:
+        return  # the card the plan was checked against
+    need = max(m.total for m in plan.memory.values())
+    if need > total_bytes - plan.headroom_bytes:
+        gib = 2**30
+        raise UserError(
+            f"cluster.gpu_type: the plan needs {need / gib:.1f} GiB per GPU, planned for {cfg.cluster.gpu_type} "
+            f"({plan.capacity_bytes / gib:g} GiB); this machine's {name} has {total_bytes / gib:.1f} GiB, "
+            f"{(total_bytes - plan.headroom_bytes) / gib:.1f} after the {plan.headroom_bytes / gib:g} GiB headroom; "
+            "set cluster.gpu_type to this GPU's kind (e.g. cluster.gpu_type=H100) so the planner fits the plan to it"
+        )
 
 
 def preflight(cfg: ExperimentConfig, plan: Plan) -> list[str]:
