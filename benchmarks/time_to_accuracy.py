@@ -179,7 +179,8 @@ def _steps(summary: dict) -> list[int]:
 
 
 def plot(summary: dict, x_key: str, x_label: str, path: Path) -> None:
-    """Held-out accuracy against `x_key` (samples or train_seconds), one line per framework and seed."""
+    """Held-out accuracy against `x_key` (samples or train_seconds), a thin line per framework and seed and a
+    thick one for the framework's seed-mean curve (at the seeds' mean seconds)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -188,9 +189,13 @@ def plot(summary: dict, x_key: str, x_label: str, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6.5, 4))
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for colour, (name, entry) in zip(colours * 4, summary["frameworks"].items(), strict=False):
-        for i, (_, s) in enumerate(sorted(entry["seeds"].items())):
-            ax.plot([p[x_key] for p in s["curve"]], [p["accuracy"] for p in s["curve"]], "-o", color=colour,
-                    alpha=0.85, markersize=3, label=name if i == 0 else None)
+        for _, s in sorted(entry["seeds"].items()):
+            ax.plot([p[x_key] for p in s["curve"]], [p["accuracy"] for p in s["curve"]], "-", color=colour,
+                    alpha=0.35, linewidth=1)
+        everyone = [a for a in entry["at_step"].values() if a["seeds"] == len(entry["seeds"])]
+        xs = [a["train_seconds"]["mean"] if x_key == "train_seconds" else a[x_key] for a in everyone]
+        ax.plot(xs, [a["mean"] for a in everyone], "-o", color=colour, linewidth=2.2, markersize=4,
+                label=f"{name} (mean of {len(entry['seeds'])} seeds)")
     ax.axhline(summary["threshold"], color="grey", linestyle=":", linewidth=1)
     ax.set_xlabel(x_label)
     ax.set_ylabel("held-out accuracy (greedy)")
