@@ -7,6 +7,7 @@ step: the rollout role's generate (which shares tokens with every rank) and the 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -83,18 +84,23 @@ class Validator:
         saved_sampling, saved_step = rollout.sampling, rollout.step
         rollout.sampling = replace(saved_sampling, temperature=cfg.trainer.val_temperature)
         chunk = cfg.data.train_batch_size * cfg.rollout.n_samples_per_prompt
+        # Every replica of a role takes an equal share of a batch (as a training batch, whose size the config
+        # checks): a chunk is padded with copies of its rows to a multiple of every role's DP size, and the copies'
+        # results are dropped.
+        multiple = math.lcm(*(mesh.dp for mesh in trainer.meshes.values()))
         scores, turn_stats = [], []
         try:
             for start in range(0, len(self.rows), chunk):
-                rows = self.rows[start : start + chunk]
+                real = self.rows[start : start + chunk]
+                rows = real + [real[i % len(real)] for i in range(-len(real) % multiple)]
                 prompts = collate_prompts(self.tokenizer, [r[self.prompt_key] for r in rows],
                                           cfg.data.max_prompt_length, rows, total_len=cfg.data.seq_length)
                 batch = StepBatch(rows=rows, tokens=prompts.input_ids, prompt_lens=prompts.prompt_lens)
                 rollout.generate(batch)
                 batch.scores = trainer.scorer.share(trainer.scorer.local(batch), batch)
-                scores.append(batch.scores)
+                scores.append(batch.scores[: len(real)])
                 if rollout.turns is not None:  # multi-turn: the chunk's per-trajectory counts (every rank has them)
-                    turn_stats.append(rollout.turn_stats)
+                    turn_stats.append(rollout.turn_stats[: len(real)])
                 if start == 0:
                     self.first_batch = batch
         finally:

@@ -69,7 +69,7 @@ def test_validation_reports_turn_and_tool_metrics_over_every_chunk(tmp_path):
     tok = build_char_tokenizer(tmp_path / "tok")
     validator = Validator.build(cfg, tok)
     rollout = _TurnRollout(SamplingParams(max_new_tokens=8))
-    trainer = SimpleNamespace(rollout=rollout, roles={},
+    trainer = SimpleNamespace(rollout=rollout, roles={}, meshes={"rollout": SimpleNamespace(dp=1)},
                               scorer=Scorer(lambda b: torch.ones(b.size), lambda local, b: local))
     out = validator.run(trainer)
     assert rollout.done == 10  # three chunks of at most 4
@@ -79,3 +79,34 @@ def test_validation_reports_turn_and_tool_metrics_over_every_chunk(tmp_path):
     assert out["val/turns/max"] == 3 and out["val/accuracy"] == 1.0
     rollout.turns = None  # single turn: no turn metrics
     assert not any(k.startswith(("val/turns", "val/tools")) for k in validator.run(trainer))
+
+
+def test_a_chunk_is_padded_to_every_roles_dp_and_the_copies_are_not_counted(tmp_path):
+    """33 held-out prompts in chunks of 10 over a rollout of DP 2 and a reward model of DP 5: each generate gets
+    a multiple of 10 rows (the replicas' results are assembled in equal blocks: share_from_role), so the last
+    chunk's 3 rows go with 7 copies, and only the 33 count."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from hybridflow.rollout.base import SamplingParams
+    from hybridflow.trainer.scorer import Scorer
+
+    cfg = load_experiment("tiny_cpu", ["data.val_size=33", "trainer.val_every=1", "data.train_batch_size=10",
+                                      "algorithm.mini_batch_size=10", "rollout.n_samples_per_prompt=1"])
+    validator = Validator.build(cfg, build_char_tokenizer(tmp_path / "tok"))
+    rollout = _TurnRollout(SamplingParams(max_new_tokens=8))
+    sizes = []
+
+    def score(batch):  # prompt 30 (the last chunk's first) scores 1, every other 0: its copies would lift the mean
+        sizes.append(batch.size)
+        return torch.tensor([float(r is validator.rows[30]) for r in batch.rows])
+
+    trainer = SimpleNamespace(rollout=rollout, roles={}, scorer=Scorer(score, lambda local, b: local),
+                              meshes={"rollout": SimpleNamespace(dp=2), "reward": SimpleNamespace(dp=5)})
+    out = validator.run(trainer)
+    assert sizes == [10, 10, 10, 10]
+    assert out["val/num_prompts"] == 33 and out["val/accuracy"] == pytest.approx(1 / 33)
+    # the stand-in numbers its rows on over the copies: row i of chunk c made (10 c + i) % 3 calls; 3 of chunk 3 count
+    calls = sum((10 * c + i) % 3 for c, n in enumerate([10, 10, 10, 3]) for i in range(n))
+    assert out["val/tools/calls_per_trajectory"] == pytest.approx(calls / 33)
