@@ -183,12 +183,13 @@ def lr_decay_steps(cfg: ExperimentConfig) -> int:
 
 def _check_lr_schedule(cfg: ExperimentConfig) -> None:
     tr = cfg.trainer
-    if tr.lr_decay_style == "constant":
-        return
+    # megatron's scheduler asserts min_lr <= lr whatever the decay style (a constant one never reaches min_lr)
     for name, lr in (("lr", tr.lr), ("critic_lr", tr.critic_lr)):
         if lr is not None and tr.min_lr > lr:
-            raise UserError(f"trainer.min_lr: {tr.min_lr} exceeds trainer.{name}={lr}; the {tr.lr_decay_style} "
-                            f"decay goes from {name} down to min_lr, so set min_lr <= {lr}")
+            raise UserError(f"trainer.min_lr: {tr.min_lr} exceeds trainer.{name}={lr}; a decay goes from {name} "
+                            f"down to min_lr (a constant schedule never uses it), so set min_lr <= {lr}")
+    if tr.lr_decay_style == "constant":
+        return
     decay = lr_decay_steps(cfg)
     if decay <= tr.lr_warmup_steps:
         raise UserError(f"trainer.lr_decay_steps: {decay} does not exceed trainer.lr_warmup_steps="

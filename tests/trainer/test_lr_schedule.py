@@ -70,6 +70,8 @@ def test_decay_defaults_to_the_runs_optimizer_steps():
 
 @pytest.mark.parametrize(("overrides", "message"), [
     (["trainer.lr_decay_style=cosine", "trainer.min_lr=1e-3"], "^trainer.min_lr: 0.001 exceeds trainer.lr=0.0005"),
+    # the constant default too: megatron's scheduler asserts min_lr <= lr before any step (a bare AssertionError)
+    (["trainer.min_lr=1e-3"], "^trainer.min_lr: 0.001 exceeds trainer.lr=0.0005; .*constant schedule never uses it"),
     (["trainer.lr_decay_style=linear", "trainer.lr_warmup_steps=5", "trainer.lr_decay_steps=5"],
      "^trainer.lr_decay_steps: 5 does not exceed trainer.lr_warmup_steps=5"),
     (["trainer.lr_decay_style=step"], "^trainer.lr_decay_style: "),
