@@ -146,6 +146,24 @@ def check_rollout_engine(cfg: ExperimentConfig) -> None:
         )
 
 
+def can_offload_optimizer(cfg: ExperimentConfig, role: str) -> bool:
+    """megatron's CPU offload of the optimizer (HybridDeviceOptimizer, megatron_adapters.optimizer) takes bf16
+    params only; a CPU run keeps its optimizer in host memory anyway."""
+    return cfg.cluster.gpu_type == "cpu" or cfg.role_model(role).dtype == "bf16"
+
+
+def check_optimizer_offload(cfg: ExperimentConfig) -> None:
+    """No trained role offloads its optimizer over params megatron cannot offload, as the rank would refuse."""
+    for role in (r for r in role_names() if role_record(r).trained and cfg.roles.get(r).offload_optimizer):
+        if not can_offload_optimizer(cfg, role):
+            field = cfg.role_model_field(role)
+            raise UserError(
+                f"roles.{role}.offload_optimizer: megatron offloads the optimizer of bf16 params only and "
+                f"{field}.dtype is {cfg.role_model(role).dtype}; set {field}.dtype=bf16 or "
+                f"roles.{role}.offload_optimizer=false"
+            )
+
+
 def memory_fixes(cfg: ExperimentConfig, roles: Sequence[str], offload_fractions: dict[str, float],
                  update_max_tokens: dict[str, int]) -> list[str]:
     """What could bring a GPU holding `roles` under its capacity, naming each role's field and leaving out what
@@ -156,7 +174,7 @@ def memory_fixes(cfg: ExperimentConfig, roles: Sequence[str], offload_fractions:
              else "raise tp/pp or spread roles over more GPUs"]
     for role in (r for r in roles if role_record(r).trained):
         settings = cfg.roles.get(role)
-        if not settings.offload_optimizer:
+        if not settings.offload_optimizer and can_offload_optimizer(cfg, role):
             fixes.append(f"set roles.{role}.offload_optimizer=true")
         elif offload_fractions.get(role, 1.0) < 1.0:
             fixes.append(f"raise roles.{role}.offload_fraction (now {offload_fractions[role]:g}) toward 1")

@@ -14,6 +14,7 @@ from hybridflow.placement.checks import (
     check_batch_sizes,
     check_colocation,
     check_layout_fits_model,
+    check_optimizer_offload,
     check_reference_on_actor,
     check_rollout_engine,
     check_rollout_lag,
@@ -182,6 +183,7 @@ def build_plan(
     The auto planner calls this with its chosen ranks and layouts, so every plan passes the same checks.
     """
     check_rollout_engine(cfg)
+    check_optimizer_offload(cfg)
     gpus = cluster_gpus(cfg.cluster)
     ranks = {r: tuple(role_ranks[r]) for r in role_names() if r in role_ranks}
     check_colocation(cfg, ranks)

@@ -40,3 +40,14 @@ def test_a_partial_offload_share_is_named_with_its_value():
                                           "roles.actor.offload_fraction=0.5"])
     assert "raise roles.actor.offload_fraction (now 0.5) toward 1" in text
     assert "offload_optimizer" not in text
+
+
+def test_offload_over_fp32_params_is_refused_and_not_suggested():
+    # the rank's build_optimizer refuses it (megatron's HybridDeviceOptimizer takes bf16 params only)
+    fp32 = ["model.dtype=fp32", "roles.actor.offload_optimizer=true", "roles.actor.offload_fraction=1.0"]
+    with pytest.raises(UserError, match=r"^roles\.actor\.offload_optimizer: megatron offloads the optimizer of bf16 "
+                                        r"params only and model\.dtype is fp32; set model\.dtype=bf16 or"):
+        plan_placement(load_experiment("ppo_llama_1b_h200", [*GRPO_8B_ONE_H100, *fp32]))
+    plan_placement(load_experiment("tiny_cpu", ["roles.actor.offload_optimizer=true"]))  # CPU: offload is moot
+    text = _refusal("ppo_llama_1b_h200", [*GRPO_8B_ONE_H100, "model.dtype=fp32"])
+    assert "offload_optimizer" not in text and "lower roles.actor.micro_batch_size" in text
