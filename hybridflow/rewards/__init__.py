@@ -2,7 +2,7 @@
 
 from hybridflow.rewards.answer_match import answer_exact, answer_match, char_match
 from hybridflow.rewards.gsm8k import extract_final_answer, gsm8k, gsm8k_score
-from hybridflow.rewards.inputs import RewardFn, RewardInputs, compute_scores, reward_inputs
+from hybridflow.rewards.inputs import RewardFn, RewardInputs, compute_scores, reads_row_fields, reward_inputs
 from hybridflow.rewards.loading import load_reward_fn, resolve_reward_fn
 
 __all__ = [
@@ -16,6 +16,7 @@ __all__ = [
     "gsm8k",
     "gsm8k_score",
     "load_reward_fn",
+    "reads_row_fields",
     "resolve_reward_fn",
     "reward_inputs",
 ]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hybridflow.errors import UserError
-from hybridflow.rewards.inputs import RewardInputs
+from hybridflow.rewards.inputs import RewardInputs, reads_row_fields
 
 
 def char_match(response: str, answer: str) -> float:
@@ -28,11 +28,13 @@ def _answers(batch: RewardInputs, fn_name: str) -> list[str]:
         ) from None
 
 
+@reads_row_fields("answer")
 def answer_match(batch: RewardInputs) -> list[float]:
     """Per-position character credit in [0, 1] against `row["answer"]`."""
     return [char_match(r, a) for r, a in zip(batch.responses, _answers(batch, "answer_match"), strict=True)]
 
 
+@reads_row_fields("answer")
 def answer_exact(batch: RewardInputs) -> list[float]:
     """1.0 when the stripped response equals `row["answer"]`, else 0.0."""
     answers = _answers(batch, "answer_exact")

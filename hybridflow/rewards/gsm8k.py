@@ -10,7 +10,7 @@ import re
 from decimal import Decimal, InvalidOperation
 
 from hybridflow.rewards.answer_match import _answers
-from hybridflow.rewards.inputs import RewardInputs
+from hybridflow.rewards.inputs import RewardInputs, reads_row_fields
 
 # A number with optional sign, thousands commas and decimals; `$` and spaces GSM8K sometimes writes are allowed.
 _NUMBER = r"-?\s*\$?\s*\d[\d,]*(?:\.\d+)?"
@@ -49,6 +49,7 @@ def gsm8k_score(response: str, answer: str) -> float:
     return float(got is not None and got == want)
 
 
+@reads_row_fields("answer")
 def gsm8k(batch: RewardInputs) -> list[float]:
     """Per-sample 0/1 reward against `row["answer"]`."""
     answers = _answers(batch, "gsm8k")

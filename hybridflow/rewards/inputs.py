@@ -30,6 +30,17 @@ class RewardInputs:
 RewardFn = Callable[[RewardInputs], Sequence[float] | torch.Tensor]
 
 
+def reads_row_fields(*fields: str) -> Callable[[RewardFn], RewardFn]:
+    """Mark a reward function with the dataset-row fields it reads (`fn.row_fields`): the run's preflight refuses
+    a dataset whose rows lack one, before any process starts, instead of the first scoring failing on a rank."""
+
+    def mark(fn: RewardFn) -> RewardFn:
+        fn.row_fields = fields
+        return fn
+
+    return mark
+
+
 def _unpad(ids: torch.Tensor, mask: torch.Tensor) -> list[list[int]]:
     return [row[m.bool()].tolist() for row, m in zip(ids, mask, strict=True)]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 
 from hybridflow.rewards.answer_match import _answers
-from hybridflow.rewards.inputs import RewardInputs
+from hybridflow.rewards.inputs import RewardInputs, reads_row_fields
 
 
 def final_words(text: str) -> tuple[str, ...] | None:
@@ -30,6 +30,7 @@ def word_order_score(response: str, answer: str) -> float:
     return float(got is not None and got == final_words(answer))
 
 
+@reads_row_fields("answer")
 def word_order(batch: RewardInputs) -> list[float]:
     """Per-sample 0/1 reward against `row["answer"]`."""
     answers = _answers(batch, "word_order")

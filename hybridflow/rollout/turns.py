@@ -89,14 +89,20 @@ class Episode:
         return [*(float(self.counts[name]) for name in TURN_STATS), reward]
 
 
+def check_chat_rows(rows: Sequence[Mapping[str, Any]], environment: str, prompt_key: str) -> None:
+    """Every row (as the prompt loader leaves it) keeps the chat messages its prompt was rendered from, which an
+    episode starts from; raises UserError naming the fix."""
+    if any(f"{prompt_key}_messages" not in row for row in rows):
+        raise UserError(f"rollout.environment: {environment!r} needs chat prompts, but data.prompt_key="
+                        f"{prompt_key!r} holds text; store the prompt as a list of {{role, content}} messages, or "
+                        "set rollout.environment=null")
+
+
 def start_episode(prompt_ids: Sequence[int], row: Mapping[str, Any], settings: TurnSettings) -> Episode:
     """An episode from a prompt's ids (as the batch holds them) and its dataset row, whose
     `<prompt_key>_messages` are the chat messages the prompt was rendered from (hybridflow.data.chat)."""
-    messages = row.get(f"{settings.prompt_key}_messages")
-    if messages is None:
-        raise UserError(f"rollout.environment: {settings.environment.name!r} needs chat prompts, but "
-                        f"data.prompt_key={settings.prompt_key!r} holds text; store the prompt as a list of "
-                        "{role, content} messages, or set rollout.environment=null")
+    check_chat_rows([row], settings.environment.name, settings.prompt_key)
+    messages = row[f"{settings.prompt_key}_messages"]
     tokens = TrajectoryTokens(list(prompt_ids), settings.budget)
     return Episode(row, [dict(m) for m in messages], tokens, [0.0] * len(tokens.ids))
 

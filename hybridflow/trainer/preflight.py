@@ -10,6 +10,7 @@ from hybridflow.data.vocabulary import check_run_tokens
 from hybridflow.errors import UserError
 from hybridflow.placement import Plan
 from hybridflow.rewards import resolve_reward_fn
+from hybridflow.rollout.turns import check_chat_rows
 from hybridflow.tools import environment_tools
 from hybridflow.trainer.validation import validation_set, validation_wanted
 
@@ -63,12 +64,37 @@ def preflight(cfg: ExperimentConfig, plan: Plan) -> list[str]:
     loader = PromptLoader(dataset, tokenizer, d.train_batch_size, d.max_prompt_length, seed=cfg.trainer.seed,
                           overlong_prompts=d.overlong_prompts, tools=environment_tools(cfg.rollout.environment))
     notes = [_dropped_note(loader.num_dropped, loader.num_rows, "prompts", d.max_prompt_length)]
+    row_sets = {"data.source": loader.dataset.rows}
     if validation_wanted(cfg):
         val, dropped = validation_set(cfg, tokenizer)
         notes.append(_dropped_note(dropped, len(val) + dropped, "validation prompts", d.max_prompt_length))
-    if not cfg.reward.use_model:
-        resolve_reward_fn(cfg.reward.fn, cfg.data.source)
+        row_sets["the validation set"] = val.rows
+    check_rows(cfg, row_sets)
     return [note for note in notes if note]
+
+
+def check_rows(cfg: ExperimentConfig, row_sets: dict[str, list[dict]]) -> None:
+    """The rows (where -> rows, as the loaders leave them) carry what the run reads of them: chat messages for a
+    multi-turn environment, 'answer' for the SFT warm-up, and the fields the reward function declares
+    (`hybridflow.rewards.reads_row_fields`). Each would otherwise fail on a rank, after the processes started."""
+    for rows in row_sets.values():
+        if cfg.rollout.environment:
+            check_chat_rows(rows, cfg.rollout.environment, cfg.data.prompt_key)
+    if cfg.trainer.warmup_sft_steps and _lacking(row_sets["data.source"], "answer"):
+        raise UserError("trainer.warmup_sft_steps: the dataset rows have no 'answer' field to imitate; "
+                        "set trainer.warmup_sft_steps=0")
+    if cfg.reward.use_model:
+        return
+    fn = resolve_reward_fn(cfg.reward.fn, cfg.data.source)
+    for field in getattr(fn, "row_fields", ()):
+        for where, rows in row_sets.items():
+            if lacking := _lacking(rows, field):
+                raise UserError(f"reward.fn: {fn.__name__} reads each row's {field!r} field, which {lacking} of "
+                                f"the {len(rows)} rows of {where} lack; add it or set another reward.fn")
+
+
+def _lacking(rows: list[dict], field: str) -> int:
+    return sum(field not in row for row in rows)
 
 
 def _dropped_note(dropped: int, total: int, what: str, max_prompt_length: int) -> str:

@@ -2,6 +2,7 @@
 (test_run_bad_input.py); here, what it tells the user when it drops over-long prompts, and the GPU memory check
 (no GPU here: the card's figures are passed in)."""
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -11,6 +12,7 @@ from hybridflow.config import load_experiment
 from hybridflow.errors import UserError
 from hybridflow.placement import plan_placement
 from hybridflow.resolve import resolve_experiment
+from hybridflow.rewards import reads_row_fields
 from hybridflow.trainer.preflight import check_device_memory, check_devices, preflight
 
 
@@ -59,3 +61,30 @@ def test_a_plan_that_fits_the_smaller_card_runs_there():
     cfg, plan = _planned("grpo_smollm2")  # planned for an H200, needs ~49 GiB: fits an H100's 70.6 after headroom
     assert plan.capacity_bytes == 141 * 2**30
     check_device_memory(cfg, plan, *H100)
+
+
+def test_rows_without_the_field_the_reward_or_warm_up_reads_are_refused(tmp_path):
+    # Before: the first SFT step (trainer/loop.py) or the first scoring (rewards/answer_match.py) refused them,
+    # on a rank after the processes had started.
+    src = tmp_path / "prompts.jsonl"
+    src.write_text("".join(json.dumps({"prompt": f"{i}>", **({"answer": str(i)} if i % 4 else {})}) + "\n"
+                           for i in range(40)))
+    base = [f"data.source={src}", "model.vocab_size=100"]
+    with pytest.raises(UserError, match=r"^trainer\.warmup_sft_steps: the dataset rows have no 'answer' field"):
+        _notes(*base)  # tiny_cpu warms up on the answers first
+    with pytest.raises(UserError, match=r"^reward\.fn: answer_match reads each row's 'answer' field, which 10 of "
+                                        r"the 40 rows of data\.source lack; add it or set another reward\.fn"):
+        _notes(*base, "trainer.warmup_sft_steps=0")
+    with pytest.raises(UserError, match=r"which 10 of the 40 rows of the validation set lack"):
+        src.with_name("train.jsonl").write_text(
+            "".join(json.dumps({"prompt": f"{i}>", "answer": str(i)}) + "\n" for i in range(40)))
+        _notes(f"data.source={src.with_name('train.jsonl')}", f"data.val_source={src}", "model.vocab_size=100",
+               "trainer.val_every=5", "trainer.warmup_sft_steps=0")
+    assert reads_row_fields("answer")(lambda batch: []).row_fields == ("answer",)
+
+
+def test_a_multi_turn_environment_over_text_prompts_is_refused_before_the_ranks_start():
+    # Before: the first episode (rollout/turns.py start_episode) refused it on a rank.
+    with pytest.raises(UserError, match=r"^rollout\.environment: 'calculator' needs chat prompts, but "
+                                        r"data\.prompt_key='prompt' holds text"):
+        _notes("rollout.environment=calculator", "trainer.warmup_sft_steps=0")
