@@ -95,9 +95,12 @@ def mean_curve_reaching(entry: dict, threshold: float) -> dict | None:
     """The first evaluation step whose accuracy averaged over every seed is at least `threshold`, with its samples
     and the seeds' training seconds there. One seed's crossing moves by a step or two with evaluation noise
     (128 greedy prompts: a binomial sd of ~0.044 near 0.45); the mean over seeds moves less."""
-    everyone = len(entry["seeds"])
-    return next(({"step": step, **a} for step, a in entry["at_step"].items()
-                 if a["seeds"] == everyone and a["mean"] >= threshold), None)
+    return next(({"step": step, **a} for step, a in every_seed_steps(entry).items() if a["mean"] >= threshold), None)
+
+
+def every_seed_steps(entry: dict) -> dict[int, dict]:
+    """The framework's evaluation steps (step -> `_over_seeds`) that every one of its seeds reached."""
+    return {step: a for step, a in entry["at_step"].items() if a["seeds"] == len(entry["seeds"])}
 
 
 def paired_differences(frameworks: dict) -> dict:
@@ -114,8 +117,8 @@ def paired_differences(frameworks: dict) -> dict:
             for p in s["curve"]:
                 if p["step"] in theirs:
                     by_step.setdefault(p["step"], []).append(p["accuracy"] - theirs[p["step"]])
-        out[name] = {step: {"mean": sum(d) / len(d), "min": min(d), "max": max(d), "seeds": len(d),
-                            "at_least": sum(x >= 0 for x in d)} for step, d in sorted(by_step.items())}
+        out[name] = {step: {**_spread(d), "seeds": len(d), "at_least": sum(x >= 0 for x in d)}
+                     for step, d in sorted(by_step.items())}
     return out
 
 
@@ -192,7 +195,7 @@ def plot(summary: dict, x_key: str, x_label: str, path: Path) -> None:
         for _, s in sorted(entry["seeds"].items()):
             ax.plot([p[x_key] for p in s["curve"]], [p["accuracy"] for p in s["curve"]], "-", color=colour,
                     alpha=0.35, linewidth=1)
-        everyone = [a for a in entry["at_step"].values() if a["seeds"] == len(entry["seeds"])]
+        everyone = every_seed_steps(entry).values()
         xs = [a["train_seconds"]["mean"] if x_key == "train_seconds" else a[x_key] for a in everyone]
         ax.plot(xs, [a["mean"] for a in everyone], "-o", color=colour, linewidth=2.2, markersize=4,
                 label=f"{name} (mean of {len(entry['seeds'])} seeds)")
