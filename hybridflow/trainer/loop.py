@@ -11,7 +11,6 @@ import torch.distributed as dist
 from hybridflow.config import ExperimentConfig
 from hybridflow.data import PromptLoader, collate_prompts, collate_sft
 from hybridflow.data.step_batch import StepBatch, pad_columns
-from hybridflow.errors import UserError
 from hybridflow.placement import Plan
 from hybridflow.role_records import Role
 from hybridflow.roles.model_role import copy_weights
@@ -19,6 +18,7 @@ from hybridflow.tools import environment_tools
 from hybridflow.trainer import checkpointing
 from hybridflow.trainer.build import build_run
 from hybridflow.trainer.metrics import MetricsLog
+from hybridflow.trainer.preflight import check_sft_answers
 from hybridflow.trainer.profiling import profiled
 from hybridflow.trainer.resume import SFT_MODEL_DIR, drop_records_after, fingerprint, resume_point, sft_model_dir
 from hybridflow.trainer.samples import sample_records
@@ -44,9 +44,7 @@ def warmup(trainer, loader: PromptLoader, tokenizer, cfg: ExperimentConfig, log:
     actor = trainer.roles.get(Role.ACTOR)
     for step in range(steps):
         rows = loader.next_rows() * cfg.rollout.n_samples_per_prompt
-        if "answer" not in rows[0]:
-            raise UserError("trainer.warmup_sft_steps: the dataset rows have no 'answer' field to imitate; "
-                            "set trainer.warmup_sft_steps=0")
+        check_sft_answers(rows)
         sft = collate_sft(tokenizer, [r[cfg.data.prompt_key] for r in rows], [r["answer"] for r in rows],
                           cfg.data.seq_length)
         tensors = {"input_ids": pad_columns(sft.input_ids, cfg.data.seq_length, tokenizer.pad_token_id),

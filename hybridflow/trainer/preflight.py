@@ -80,9 +80,8 @@ def check_rows(cfg: ExperimentConfig, row_sets: dict[str, list[dict]]) -> None:
     for rows in row_sets.values():
         if cfg.rollout.environment:
             check_chat_rows(rows, cfg.rollout.environment, cfg.data.prompt_key)
-    if cfg.trainer.warmup_sft_steps and _lacking(row_sets["data.source"], "answer"):
-        raise UserError("trainer.warmup_sft_steps: the dataset rows have no 'answer' field to imitate; "
-                        "set trainer.warmup_sft_steps=0")
+    if cfg.trainer.warmup_sft_steps:
+        check_sft_answers(row_sets["data.source"])
     if cfg.reward.use_model:
         return
     fn = resolve_reward_fn(cfg.reward.fn, cfg.data.source)
@@ -91,6 +90,13 @@ def check_rows(cfg: ExperimentConfig, row_sets: dict[str, list[dict]]) -> None:
             if lacking := _lacking(rows, field):
                 raise UserError(f"reward.fn: {fn.__name__} reads each row's {field!r} field, which {lacking} of "
                                 f"the {len(rows)} rows of {where} lack; add it or set another reward.fn")
+
+
+def check_sft_answers(rows: list[dict]) -> None:
+    """The supervised warm-up (trainer.warmup_sft_steps) imitates each row's 'answer'."""
+    if _lacking(rows, "answer"):
+        raise UserError("trainer.warmup_sft_steps: the dataset rows have no 'answer' field to imitate; "
+                        "set trainer.warmup_sft_steps=0")
 
 
 def _lacking(rows: list[dict], field: str) -> int:
