@@ -5,14 +5,18 @@ from __future__ import annotations
 import torch
 
 from hybridflow.config import ExperimentConfig
+from hybridflow.config.cluster import HEADROOM_FRAGMENTATION_SHARE
+from hybridflow.config.experiment import engine_of
 from hybridflow.data import PromptLoader, load_prompt_dataset
 from hybridflow.data.vocabulary import check_run_tokens
 from hybridflow.errors import UserError
 from hybridflow.placement import Plan
 from hybridflow.rewards import resolve_reward_fn
+from hybridflow.role_records import Role
 from hybridflow.rollout.turns import check_chat_rows
 from hybridflow.tools import environment_tools
 from hybridflow.trainer.validation import validation_set, validation_wanted
+from hybridflow.units import GIB
 
 # A card counts as the planned size down to this share of cluster.gpu_memory_gib: nominal sizes round up (an
 # "80 GB" H100 reports 79.6 GiB, a "141 GB" H200 140.4).
@@ -35,19 +39,33 @@ def check_devices(cfg: ExperimentConfig, plan: Plan) -> None:
 
 
 def check_device_memory(cfg: ExperimentConfig, plan: Plan, total_bytes: int, name: str) -> None:
-    """The plan's largest per-GPU estimate fits a GPU of `total_bytes`, less the plan's headroom. A plan made for
+    """The plan's largest per-GPU estimate fits a GPU of `total_bytes`, less the headroom at that size. A plan made for
     a larger card than this machine's (cluster.gpu_type) would otherwise run out of memory mid-step."""
     if total_bytes >= SAME_SIZE_SHARE * plan.capacity_bytes or not plan.memory:
         return  # the card the plan was checked against
-    need = max(m.total for m in plan.memory.values())
-    if need > total_bytes - plan.headroom_bytes:
-        gib = 2**30
+    need = max(_on_card(cfg, plan, rank, total_bytes) for rank in plan.memory)
+    # The headroom's share of the card (config/cluster.py) is taken of this card too.
+    headroom = int(plan.headroom_bytes - HEADROOM_FRAGMENTATION_SHARE * (plan.capacity_bytes - total_bytes))
+    if need > total_bytes - headroom:
         raise UserError(
-            f"cluster.gpu_type: the plan needs {need / gib:.1f} GiB per GPU, planned for {cfg.cluster.gpu_type} "
-            f"({plan.capacity_bytes / gib:g} GiB); this machine's {name} has {total_bytes / gib:.1f} GiB, "
-            f"{(total_bytes - plan.headroom_bytes) / gib:.1f} after the {plan.headroom_bytes / gib:g} GiB headroom; "
+            f"cluster.gpu_type: the plan needs {need / GIB:.1f} GiB per GPU, planned for {cfg.cluster.gpu_type} "
+            f"({plan.capacity_bytes / GIB:g} GiB); this machine's {name} has {total_bytes / GIB:.1f} GiB, "
+            f"{(total_bytes - headroom) / GIB:.1f} after the {headroom / GIB:.2f} GiB headroom; "
             "set cluster.gpu_type to this GPU's kind (e.g. cluster.gpu_type=H100) so the planner fits the plan to it"
         )
+
+
+def _on_card(cfg: ExperimentConfig, plan: Plan, rank: int, total_bytes: int) -> int:
+    """Rank `rank`'s planned bytes on a card of `total_bytes`: an engine that takes a share of the card (vLLM's
+    rollout.gpu_memory_utilization) takes that share of this one, so its KV cache is asked of its record again.
+    Planned at the H200's size, grpo_smollm2's vLLM cache (0.3 x 141 GiB) alone was refused on an H100."""
+    rollout = plan.role_memory.get(rank, {}).get(Role.ROLLOUT)
+    if rollout is None:
+        return plan.memory[rank].total
+    # The record's batch_kv is the planned cache: an engine that sizes its cache for the batch returns it as is.
+    kv = engine_of(cfg).kv_cache_bytes(cfg.rollout.gpu_memory_utilization, total_bytes / GIB, rollout.weights,
+                                       rollout.kv_cache)
+    return plan.memory[rank].total - rollout.kv_cache + kv
 
 
 def preflight(cfg: ExperimentConfig, plan: Plan) -> list[str]:

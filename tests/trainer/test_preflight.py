@@ -63,6 +63,18 @@ def test_a_plan_that_fits_the_smaller_card_runs_there():
     check_device_memory(cfg, plan, *H100)
 
 
+def test_an_engine_that_takes_a_share_of_the_card_takes_it_of_this_card():
+    # Stop 56: grpo_smollm2 with rollout=vllm, planned at the H200's size, was refused on an H100 (89.1 GiB,
+    # 42 of it vLLM's 0.3 x 141 GiB); vLLM takes 0.3 of the card it runs on, and the run fits there.
+    cfg, plan = _planned("grpo_smollm2", "rollout=vllm")
+    rollout = plan.role_memory[0]["rollout"]
+    assert rollout.kv_cache == int(0.3 * 141 * 2**30) - rollout.weights
+    check_device_memory(cfg, plan, *H100)
+    # the share is still counted: on a 40 GiB card the same plan does not fit
+    with pytest.raises(UserError, match=r"^cluster\.gpu_type: the plan needs "):
+        check_device_memory(cfg, plan, 40 * 2**30, "a 40 GiB card")
+
+
 def test_rows_without_the_field_the_reward_or_warm_up_reads_are_refused(tmp_path):
     # Before: the first SFT step (trainer/loop.py) or the first scoring (rewards/answer_match.py) refused them,
     # on a rank after the processes had started.
