@@ -74,6 +74,12 @@ class RolloutRole:
     # (`_share`), as the planner counts it (placement.memory.rollout_shares_actor_weights).
     shares_actor_weights: bool = False
 
+    def close(self) -> None:
+        """Stop the engine's own process where it has one (vLLM's, `engine_host`), at the end of a run."""
+        close = getattr(self.engine, "close", None)  # an in-process engine (the native one) has nothing to stop
+        if close is not None:
+            close()
+
     def generate(self, batch: StepBatch, logprobs: bool = False) -> None:
         """Sample responses for this replica's rows and share tokens, token kinds (and log-probs, if asked for)
         with every rank."""

@@ -136,5 +136,6 @@ def train(cfg: ExperimentConfig, plan: Plan) -> dict[str, float]:
     if Role.ACTOR in trainer.roles:
         trainer.roles[Role.ACTOR].save_hf(work_dir / "final_hf", built.hf_dir)  # merged, with LoRA adapters
         trainer.roles[Role.ACTOR].save_adapter(work_dir / "final_adapter", built.hf_dir)  # PEFT's format, if any
+    trainer.rollout.close()
     log.close()
     return metrics
