@@ -15,7 +15,7 @@ tag=${side}_${seeds//,/}
 # after its start-up, spending device time: stop 53's first TRL call did).
 compgen -G "/tmp/sp/smollm2.tar.part*" >/dev/null || { echo "race_seed: no SmolLM2 pieces in /tmp/sp; send .sp/s0 and .sp/s1 first" >&2; exit 2; }
 if [ "$side" != smollm2 ] && ! compgen -G "/tmp/vb/vllm_bundle.tar.part*" >/dev/null; then
-    echo "race_seed: $side needs the vLLM bundle in /tmp/vb; send .vp/p0 .. .vp/p5 first" >&2; exit 2
+    echo "race_seed: $side needs the vLLM bundle in /tmp/vb; send .vp/p0 .. .vp/p6 first" >&2; exit 2
 fi
 SEEDS=$seeds CURVE_ARGS="${RACE_ARGS:---steps 40 --eval-every 5}" CURVE_S=${CURVE_S:-560} CURVE_DIR=/tmp/race \
     FIGURES_WORK="/tmp/race_work_$tag" bash benchmarks/h200_figures.sh "/tmp/race_out/$tag" "$side" > "/tmp/race_$tag.txt" 2>&1
