@@ -26,6 +26,7 @@ class TrainerConfig:
     min_lr: float = bounded(0.0, ge=0, lt=1)
     weight_decay: float = bounded(0.0, ge=0)
     grad_clip: float = bounded(1.0, ge=0)  # 0 = no clipping
+    # supervised steps on the rows' 'answer' before RL; the result is the reference (with LoRA: the base stays it)
     warmup_sft_steps: int = bounded(0, ge=0)
     sft_lr: float | None = bounded(None, gt=0, lt=1)  # learning rate of the supervised warm-up; None = lr
     save_every: int = bounded(0, ge=0)  # every N RL steps, and always after the last; 0 = only the last

@@ -37,7 +37,9 @@ def next_step_batch(loader: PromptLoader, tokenizer, cfg: ExperimentConfig) -> S
 def warmup(trainer, loader: PromptLoader, tokenizer, cfg: ExperimentConfig, log: MetricsLog, sft_dir: Path,
            hf_dir: str) -> None:
     """Supervised steps on the dataset's answers so the policy starts with non-zero reward; the result
-    becomes the reference model too (KL is measured against the SFT policy, as in RLHF)."""
+    becomes the reference model too (KL is measured against the SFT policy, as in RLHF). With roles.actor.lora
+    the warm-up trains the adapters and the reference stays the base model, the adapters off (KL against the
+    model before the warm-up, as TRL's reference is with a PEFT adapter trained on)."""
     steps = cfg.trainer.warmup_sft_steps
     if not steps:
         return
