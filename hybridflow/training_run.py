@@ -88,15 +88,15 @@ def _run(cfg: ExperimentConfig, planned: Plan | None, launcher: LauncherEnv | No
     start_step, offset = 0, 0
     try:
         check_algorithm(cfg)
+        start_from = resume.resume_point(cfg)
         if launcher is None:
             plan = planned or plan_placement(cfg)
-            notes = preflight(cfg, plan)
+            notes = preflight(cfg, plan, start_from)
         else:  # a rank of torchrun/srun: the `--plan-only` step planned and checked the data already
             assert planned is not None
             plan = planned
             check_devices(cfg, plan)
             notes = []
-        start_from = resume.resume_point(cfg)
         if start_from is not None:
             resume.check_resumable(start_from, cfg, plan)
             start_step = resume.checkpoint_step(start_from)

@@ -71,10 +71,14 @@ class PromptLoader:
         return {"epoch": self.epoch, "index": self.index, "seed": self.seed, "num_rows": len(self.dataset)}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        if state["num_rows"] != len(self.dataset):
-            raise UserError(
-                f"trainer.resume: the checkpoint's dataset had {state['num_rows']} prompts, this one has "
-                f"{len(self.dataset)}; resume with the same data.source, or trainer.resume=never"
-            )
+        check_prompt_count(state["num_rows"], len(self.dataset))
         self.seed, self.epoch, self.index = state["seed"], state["epoch"], state["index"]
         self._order = self._epoch_order()
+
+
+def check_prompt_count(saved: int, now: int) -> None:
+    """A resumed run goes on with the checkpoint's pass over the prompts: the usable-prompt count must be the
+    one the checkpoint's loader had (`saved`, its state's num_rows)."""
+    if saved != now:
+        raise UserError(f"trainer.resume: the checkpoint's dataset had {saved} prompts, this one has {now}; resume "
+                        "with the same data.source, or trainer.resume=never")

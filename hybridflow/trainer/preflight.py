@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from hybridflow.config import ExperimentConfig
 from hybridflow.config.cluster import HEADROOM_FRAGMENTATION_SHARE
 from hybridflow.config.experiment import engine_of
 from hybridflow.data import PromptLoader, load_prompt_dataset
+from hybridflow.data.loader import check_prompt_count
 from hybridflow.data.vocabulary import check_run_tokens
 from hybridflow.errors import UserError
 from hybridflow.placement import Plan
@@ -15,6 +18,7 @@ from hybridflow.rewards import resolve_reward_fn
 from hybridflow.role_records import Role
 from hybridflow.rollout.turns import check_chat_rows
 from hybridflow.tools import environment_tools
+from hybridflow.trainer.rank_state import rank_file, read_rank_state
 from hybridflow.trainer.validation import validation_set, validation_wanted
 from hybridflow.units import GIB
 
@@ -68,9 +72,10 @@ def _on_card(cfg: ExperimentConfig, plan: Plan, rank: int, total_bytes: int) -> 
     return plan.memory[rank].total - rollout.kv_cache + kv
 
 
-def preflight(cfg: ExperimentConfig, plan: Plan) -> list[str]:
+def preflight(cfg: ExperimentConfig, plan: Plan, resume_from: Path | None = None) -> list[str]:
     """Devices, data, tokenizer (against the model's vocabulary), prompt lengths and the reward function are
-    usable; raises UserError naming the field. Returns notes for the user (over-long prompts dropped).
+    usable, and a checkpoint to resume (`resume_from`) was of as many prompts; raises UserError naming the field.
+    Returns notes for the user (over-long prompts dropped).
 
     The prompts go through the same loader the ranks build (chat template, `data.overlong_prompts`, batch
     size), so a dataset the ranks would refuse is refused here, before the output directory exists.
@@ -82,6 +87,8 @@ def preflight(cfg: ExperimentConfig, plan: Plan) -> list[str]:
     loader = PromptLoader(dataset, tokenizer, d.train_batch_size, d.max_prompt_length, seed=cfg.trainer.seed,
                           overlong_prompts=d.overlong_prompts, tools=environment_tools(cfg.rollout.environment))
     notes = [_dropped_note(loader.num_dropped, loader.num_rows, "prompts", d.max_prompt_length)]
+    if resume_from is not None:
+        check_resumed_prompts(resume_from, len(loader.dataset))
     row_sets = {"data.source": loader.dataset.rows}
     if validation_wanted(cfg):
         val, dropped = validation_set(cfg, tokenizer)
@@ -89,6 +96,14 @@ def preflight(cfg: ExperimentConfig, plan: Plan) -> list[str]:
         row_sets["the validation set"] = val.rows
     check_rows(cfg, row_sets)
     return [note for note in notes if note]
+
+
+def check_resumed_prompts(ckpt_dir: Path, prompts: int) -> None:
+    """The checkpoint's loader (in rank 0's state file) went over `prompts` usable prompts; else its rank would
+    refuse it after start-up. A checkpoint from before the loader was saved has nothing to compare."""
+    loader = read_rank_state(rank_file(ckpt_dir, 0)).get("loader")
+    if loader is not None:
+        check_prompt_count(loader["num_rows"], prompts)
 
 
 def check_rows(cfg: ExperimentConfig, row_sets: dict[str, list[dict]]) -> None:

@@ -14,8 +14,10 @@ from hybridflow.trainer.rank_state import rank_file, write_rank_state
 from hybridflow.trainer.resume import SFT_MODEL_DIR, fingerprint, step_dir, write_fingerprint
 
 
-def checkpoint_of(out_dir: Path, experiment: str, step: int, *overrides: str, record: bool = True) -> Path:
-    """`out_dir`/checkpoints/step_N of `experiment` (and the warm-up's SFT model beside it, as a run leaves it)."""
+def checkpoint_of(out_dir: Path, experiment: str, step: int, *overrides: str, record: bool = True,
+                  prompts: int | None = None) -> Path:
+    """`out_dir`/checkpoints/step_N of `experiment` (and the warm-up's SFT model beside it, as a run leaves it);
+    `prompts`: the rank states hold a loader that went over that many prompts."""
     cfg = load_experiment(experiment, [f"trainer.output_dir={out_dir}", *overrides])
     plan = plan_placement(cfg)
     ckpt = step_dir(out_dir / "checkpoints", step)
@@ -24,7 +26,8 @@ def checkpoint_of(out_dir: Path, experiment: str, step: int, *overrides: str, re
     (ckpt / ".metadata").write_bytes(bytes(range(256)))
     (ckpt / "__0_0.distcp").write_bytes(bytes(8192))
     for rank in range(plan.world_size):
-        write_rank_state(rank_file(ckpt, rank), {"step": step, "rng": {"torch": torch.get_rng_state()}})
+        loader = {} if prompts is None else {"loader": {"epoch": 0, "index": 8, "seed": 1, "num_rows": prompts}}
+        write_rank_state(rank_file(ckpt, rank), {"step": step, "rng": {"torch": torch.get_rng_state()}, **loader})
     write_fingerprint(ckpt, step, fingerprint(cfg, plan))
     (out_dir / SFT_MODEL_DIR).mkdir(exist_ok=True)
     (out_dir / SFT_MODEL_DIR / "config.json").write_text("{}")

@@ -66,6 +66,21 @@ def test_run_command_refuses_in_one_line_before_launching(tmp_path, capsys):
     assert not (tmp_path / "logs").exists()  # no rank was started
 
 
+def test_a_checkpoint_of_another_prompt_count_is_refused_before_launching(tmp_path, capsys):
+    # Before: the ranks started, built their models, and rank 0's loader refused it (data/loader.py).
+    # builtin:max_digit has 8192 prompts, 6168 of them within data.max_prompt_length=7.
+    checkpoint_of(tmp_path, "tiny_cpu", 4, prompts=8192)
+    with pytest.raises(SystemExit) as exit_:
+        main(["+experiment=tiny_cpu", f"trainer.output_dir={tmp_path}", "data.max_prompt_length=7"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: trainer.resume: the checkpoint's dataset had 8192 prompts, this one has 6168; resume "
+                   "with the same data.source, or trainer.resume=never"]
+    assert not (tmp_path / "logs").exists()  # no rank was started
+    main(["+experiment=tiny_cpu", f"trainer.output_dir={tmp_path}", "trainer.total_steps=4"])  # the same count
+    assert "is complete at step 4" in capsys.readouterr().out
+
+
 def test_finished_run_says_where_it_stands_instead_of_training_again(tmp_path, capsys):
     ckpt = checkpoint_of(tmp_path, "tiny_cpu", 10, "trainer.total_steps=10")
     main(["+experiment=tiny_cpu", f"trainer.output_dir={tmp_path}", "trainer.total_steps=10"])  # returns: exit 0
