@@ -33,6 +33,7 @@ def test_cost_model_flops_by_hand():
     assert cost_model_flops_per_token(TINY, 50) == 3 * forward
 
 
+@pytest.mark.slow  # a process-level run: out of the default tier's 10 minutes
 @pytest.mark.parametrize("mode", ["train", "forward"])
 def test_quick_run_reports_both_mfus(tmp_path, mode):
     out = tmp_path / "mfu.json"

@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from benchmarks.microbatch_overhead import overhead_fit
 from tests.trainer.run_helpers import REPO
 
@@ -14,6 +16,7 @@ def test_overhead_is_the_intercept_of_the_two_smallest_sizes():
     assert overhead_fit([(2, 7.0)]) == 7.0
 
 
+@pytest.mark.slow  # a process-level run: out of the default tier's 10 minutes
 def test_tiny_cpu_run_times_every_size_and_counts_syncs(tmp_path):
     out = tmp_path / "overhead.json"
     subprocess.run([sys.executable, "benchmarks/microbatch_overhead.py", "--rows", "8", "--seq", "32",
@@ -31,6 +34,7 @@ def test_tiny_cpu_run_times_every_size_and_counts_syncs(tmp_path):
     assert result["forward_overhead_ms"] == overhead_fit([(1, sizes[0]["forward_ms"]), (4, sizes[1]["forward_ms"])])
 
 
+@pytest.mark.slow  # a process-level run: out of the default tier's 10 minutes
 def test_profile_writes_a_gzipped_chrome_trace_per_pass_and_prints_the_top_ops(tmp_path):
     import gzip
 

@@ -5,6 +5,7 @@ import math
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from benchmarks.packing_profile import synthetic_rows
@@ -23,6 +24,7 @@ def test_synthetic_rows_are_right_padded_with_lengths_in_range():
     assert rows["loss_mask"][:, :16].sum() == 0
 
 
+@pytest.mark.slow  # a process-level run: out of the default tier's 10 minutes
 def test_tiny_cpu_run_times_every_variant_and_packed_matches_padded(tmp_path):
     subprocess.run([sys.executable, "benchmarks/packing_profile.py", "--device", "cpu", "--tiny",
                     "--out", str(tmp_path)], cwd=REPO, check=True, capture_output=True, timeout=120)

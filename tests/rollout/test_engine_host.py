@@ -108,6 +108,7 @@ def _transport_one_rank():
     return out, again, bare, expected, mismatch
 
 
+@pytest.mark.slow  # a process-level run: out of the default tier's 10 minutes
 def test_engine_process_gets_every_bucket_and_reports_errors():
     out, again, bare, expected, mismatch = run_distributed(_transport_one_rank, world_size=1, timeout_s=240)[0]
     assert out.tokens.tolist() == [[5, 6]] and torch.equal(again.tokens, out.tokens)
@@ -149,6 +150,7 @@ def _spawned_early(probe: str):
     return asked, out.tokens.tolist(), failure, unused.process.exitcode
 
 
+@pytest.mark.slow  # a process-level run: out of the default tier's 10 minutes
 def test_engine_process_imports_while_the_models_build_and_reports_import_failures_at_build(tmp_path):
     probe = tmp_path / "imported.json"
     asked, tokens, failure, unused_exit = run_distributed(_spawned_early, world_size=1, args=(str(probe),),
@@ -235,6 +237,7 @@ def hf_dir(tmp_path_factory):
     return str(path)
 
 
+@pytest.mark.slow  # a process-level run: out of the default tier's 10 minutes
 def test_native_engine_hosted_on_a_subset_samples_what_it_samples_in_process(hf_dir):
     ranks = run_distributed(_hosted_vs_in_process, world_size=3, args=(hf_dir,), timeout_s=400)
     assert [r[3] for r in ranks] == [True, False, False]  # rank 0 holds no engine process
@@ -277,6 +280,7 @@ print(json.dumps(launch_local(fake_plan(1, 2), _launched_rank, [], DistributedCo
 """
 
 
+@pytest.mark.slow  # a process-level run: out of the default tier's 10 minutes
 def test_engine_process_under_the_launcher_joins_its_own_world_and_stops_with_its_rank(tmp_path):
     # torch's launcher tells env:// to join its own store (TORCHELASTIC_USE_AGENT_STORE): the engine world
     # must not inherit that; and a launched rank runs multiprocessing's exit hook, which waits for children.
