@@ -14,7 +14,7 @@ from hybridflow.role_records import Role, role_names, role_record
 
 
 def check_layout_fits_model(cfg: ExperimentConfig, role: str, dims: ParallelDims) -> None:
-    """TP divides heads and query groups, PP divides layers, TP fits in one node / NVLink domain."""
+    """TP divides heads, query groups and the MLP width, PP divides layers, TP fits in one node / NVLink domain."""
     model, mfield, field = cfg.role_model(role), cfg.role_model_field(role), f"roles.{role}.parallel"
     tp, pp = dims.tp, dims.pp
     if tp > cfg.cluster.gpus_per_node:
@@ -37,6 +37,9 @@ def check_layout_fits_model(cfg: ExperimentConfig, role: str, dims: ParallelDims
             f"{field}.tp: {tp} does not divide {mfield}.num_key_value_heads={groups} (query groups); "
             f"use a divisor of {groups}"
         )
+    if model.intermediate_size % tp:  # megatron's and vLLM's MLP split it over TP (a rank asserted it at build)
+        raise UserError(f"{field}.tp: {tp} does not divide {mfield}.intermediate_size={model.intermediate_size}; "
+                        "use a divisor")
     layers = model.num_hidden_layers
     if pp > layers:
         raise UserError(f"{field}.pp: {pp} exceeds {mfield}.num_hidden_layers={layers}; use pp <= {layers}")

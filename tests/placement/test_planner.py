@@ -109,6 +109,11 @@ BAD_INPUTS = {
         ["roles.actor.parallel.tp=4"],
         r"^roles\.actor\.parallel\.tp: 4 does not divide model\.num_key_value_heads=2",
     ),
+    "tp_not_dividing_the_mlp": (  # before: megatron's build asserted it on every rank
+        "tiny_cpu",
+        ["model.intermediate_size=385"],
+        r"^roles\.actor\.parallel\.tp: 2 does not divide model\.intermediate_size=385; use a divisor",
+    ),
     "tp_larger_than_node": (
         "ppo_llama3_70b_2node",
         ["roles.actor.parallel.tp=16", "roles.actor.parallel.pp=1"],
