@@ -216,6 +216,19 @@ def _patched(owner, name: str, value):
         setattr(owner, name, original)
 
 
+def _embedding_output_requires_grad(model: GPTModel) -> None:
+    """Megatron's recompute checkpoints (reentrant) pass gradients back only to inputs that require them. A frozen
+    base's embedding output does not, so the adapters inside every recomputed layer got no gradient: a LoRA run
+    with activation_recompute=full trained nothing, silently (grad norm 0). HF's enable_input_require_grads,
+    for PEFT under gradient checkpointing, does the same."""
+
+    def requires_grad(module, args, output):
+        if torch.is_grad_enabled():
+            output.requires_grad_(True)
+
+    model.embedding.register_forward_hook(requires_grad)
+
+
 def _mask_padded_vocab(model: GPTModel, vocab_size: int) -> None:
     """Make padded vocabulary columns of this rank's logit shard ~-inf, so softmax matches HF."""
     shard = model.output_layer.output_size_per_partition
@@ -315,6 +328,8 @@ def build_gpt(
     _rotate_in_core_attention(model, dtype)
     if lora is not None:
         freeze_base_weights(model)
+        if config.recompute_granularity is not None and model.pre_process:
+            _embedding_output_requires_grad(model)
         if head != "lm" and model.post_process:
             # a scalar head usually starts untrained (a critic from a causal LM): it trains with the adapters,
             # as PEFT's modules_to_save does for a classifier
