@@ -82,7 +82,7 @@ def run_forward_backward(
             pipeline stages then exchange each activation's shape, megatron's `variable_seq_lengths`).
         loss_fn: called on the last pipeline stage with the model output (`[b, s, vocab/tp]` logits for an
             LM head) and the micro-batch; returns the scalar loss and a dict of detached tensors.
-        forward_only: no backward, run under `torch.no_grad()` (inference for ref/critic/reward).
+        forward_only: no backward, run under `torch.no_grad()` in eval mode (inference for ref/critic/reward).
         model_inputs: maps a micro-batch to the model's keyword arguments.
         broadcast_metrics: send the last stage's metrics to every pipeline stage, so all ranks of the role
             return the same list; otherwise non-last stages return `[]`.
@@ -112,7 +112,8 @@ def run_forward_backward(
     schedule = get_forward_backward_func(
         pp_size=pg_collection.pp.size(), vp_size=len(chunks) if len(chunks) > 1 else None
     )
-    with torch.no_grad() if forward_only else torch.enable_grad(), _variable_seq_lengths(config, len(shapes) > 1):
+    with (torch.no_grad() if forward_only else torch.enable_grad(), _eval_mode(chunks, forward_only),
+          _variable_seq_lengths(config, len(shapes) > 1)):
         metrics = schedule(
             forward_step_func=forward_step,
             data_iterator=data_iterator,
@@ -127,6 +128,24 @@ def run_forward_backward(
     if broadcast_metrics and pg_collection.pp.size() > 1:
         metrics = broadcast_from_last_stage(metrics, pg_collection.pp)
     return list(metrics)
+
+
+@contextmanager
+def _eval_mode(chunks: list[torch.nn.Module], on: bool) -> Iterator[None]:
+    """Forward-only passes (reference, old log-probs, values, rewards) run without dropout, as the rollout
+    samples: with LoRA dropout on, the actor's log-probs of the rollout's tokens were the dropped-out model's
+    (parity gate off by 0.16 on tiny_cpu). Each module's mode comes back after."""
+    if not on:
+        yield
+        return
+    modes = [(m, m.training) for chunk in chunks for m in chunk.modules()]
+    for chunk in chunks:
+        chunk.eval()
+    try:
+        yield
+    finally:
+        for module, training in modes:
+            module.training = training
 
 
 @contextmanager

@@ -111,3 +111,36 @@ def test_adapters_get_the_same_gradient_under_full_recompute(tmp_path):
     plain, = run_distributed(_grad_norm_rank, world_size=1, args=(str(tmp_path), batches, False))
     recomputed, = run_distributed(_grad_norm_rank, world_size=1, args=(str(tmp_path), batches, True))
     assert plain > 0 and abs(recomputed - plain) <= 1e-5 * plain, (recomputed, plain)
+
+
+def _forward_twice_rank(path, batches):
+    from megatron_adapters.forward_backward import run_forward_backward
+    from megatron_adapters.lora import LoraSettings, adapter_modules
+    from megatron_adapters.model import build_gpt
+    from megatron_adapters.process_groups import build_role_groups, seed_role_rng
+
+    pg = build_role_groups([0], tp=1, pp=1, dp=1)
+    seed_role_rng(3, pg)
+    model = build_gpt(path, pg, spec="sdpa", lora=LoraSettings(rank=4, alpha=8.0, dropout=0.5))
+    with torch.no_grad():  # B non-zero, so the adapters' (dropped-out) input shows in the output
+        for _, module in adapter_modules(model):
+            for b in module.lora_b:
+                b.normal_(std=0.5)
+    model.train()
+
+    def keep(output, mb):
+        return output.new_zeros(()), {"out": output.detach().clone()}
+
+    runs = [run_forward_backward([model], pg, batches, keep, forward_only=True) for _ in range(2)]
+    same = all(torch.equal(a["out"], b["out"]) for a, b in zip(*runs, strict=True))
+    return same, all(m.training for m in model.modules())
+
+
+def test_forward_only_passes_run_without_dropout_and_leave_the_mode_as_it_was(tmp_path):
+    # Before: a trained role's forward-only passes (old log-probs, reference) ran in training mode, so LoRA dropout
+    # changed the actor's log-probs of the rollout's tokens and tiny_cpu's parity gate failed (0.156 > 1e-4).
+    model = save_tiny_model("llama", tmp_path, seed=2)
+    ids = token_batch(model.config.vocab_size, batch=MICRO_BATCHES, seq=8, seed=4)
+    batches = [{"input_ids": ids[i:i + 1]} for i in range(MICRO_BATCHES)]
+    (same, still_training), = run_distributed(_forward_twice_rank, world_size=1, args=(str(tmp_path), batches))
+    assert same and still_training
