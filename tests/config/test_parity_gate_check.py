@@ -24,6 +24,14 @@ def test_a_gate_for_exact_logprobs_is_refused_where_the_engine_cannot_meet_it(ov
         load_experiment("ppo_llama_1b_h200", [*overrides, TIGHT])
 
 
+def test_bf16_on_the_cpu_backend_is_refused_a_gate_for_exact_logprobs():
+    # Before: tiny_cpu with model.dtype=bf16 started, and its first RL step failed the gate on a rank (max 0.0078).
+    with pytest.raises(UserError, match=r"^trainer.parity_max_abs: 0.0001 .*the CPU backend's bf16 kernels"):
+        load_experiment("tiny_cpu", ["model.dtype=bf16"])
+    load_experiment("tiny_cpu", ["model.dtype=bf16", "trainer.parity_max_abs=2.0"])
+    load_experiment("tiny_cpu", [])  # fp32
+
+
 @pytest.mark.parametrize("overrides", [
     [],  # the native engine samples from the actor's own modules
     ["roles.actor.lora.rank=8"],  # ... with the actor's adapter modules (sync=adapters, its default)
