@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -10,6 +11,7 @@ from hybridflow.config import ExperimentConfig
 from hybridflow.config.cluster import HEADROOM_FRAGMENTATION_SHARE
 from hybridflow.config.experiment import engine_of
 from hybridflow.data import PromptLoader, load_prompt_dataset
+from hybridflow.data.batching import collate_sft
 from hybridflow.data.loader import check_prompt_count
 from hybridflow.data.vocabulary import check_run_tokens
 from hybridflow.errors import UserError
@@ -84,8 +86,9 @@ def preflight(cfg: ExperimentConfig, plan: Plan, resume_from: Path | None = None
     dataset = load_prompt_dataset(cfg.data.source, cfg.data.prompt_key, seed=cfg.trainer.seed)
     tokenizer = check_run_tokens(cfg).tokenizer
     d = cfg.data
-    loader = PromptLoader(dataset, tokenizer, d.train_batch_size, d.max_prompt_length, seed=cfg.trainer.seed,
+    rank_loader = partial(PromptLoader, dataset, tokenizer, d.train_batch_size, d.max_prompt_length,
                           overlong_prompts=d.overlong_prompts, tools=environment_tools(cfg.rollout.environment))
+    loader = rank_loader(seed=cfg.trainer.seed)
     notes = [_dropped_note(loader.num_dropped, loader.num_rows, "prompts", d.max_prompt_length)]
     if resume_from is not None:
         check_resumed_prompts(resume_from, len(loader.dataset))
@@ -95,7 +98,18 @@ def preflight(cfg: ExperimentConfig, plan: Plan, resume_from: Path | None = None
         notes.append(_dropped_note(dropped, len(val) + dropped, "validation prompts", d.max_prompt_length))
         row_sets["the validation set"] = val.rows
     check_rows(cfg, row_sets)
+    if cfg.trainer.warmup_sft_steps:
+        check_warmup_lengths(cfg, rank_loader(seed=cfg.trainer.seed + 1), tokenizer)
     return [note for note in notes if note]
+
+
+def check_warmup_lengths(cfg: ExperimentConfig, loader: PromptLoader, tokenizer) -> None:
+    """The rows the supervised warm-up draws (its loader as trainer/loop.py seeds it) fit data.seq_length with
+    their answers; a longer prompt + answer stopped its rank at that warm-up step."""
+    for _ in range(cfg.trainer.warmup_sft_steps):
+        rows = loader.next_rows()
+        collate_sft(tokenizer, [r[cfg.data.prompt_key] for r in rows], [r["answer"] for r in rows],
+                    cfg.data.seq_length)
 
 
 def check_resumed_prompts(ckpt_dir: Path, prompts: int) -> None:

@@ -95,6 +95,17 @@ def test_rows_without_the_field_the_reward_or_warm_up_reads_are_refused(tmp_path
     assert reads_row_fields("answer")(lambda batch: []).row_fields == ("answer",)
 
 
+def test_warm_up_answers_longer_than_the_sequence_are_refused_before_the_ranks_start(tmp_path):
+    # Before: the first warm-up step (data/batching.py collate_sft) refused them on a rank.
+    src = tmp_path / "prompts.jsonl"
+    src.write_text("".join(json.dumps({"prompt": f"{i:06d}>", "answer": "7" * (30 if i % 2 else 3)}) + "\n"
+                           for i in range(64)))
+    base = [f"data.source={src}", "model.vocab_size=100"]
+    with pytest.raises(UserError, match=r"^data\.seq_length: prompt \+ answer needs 39 tokens, more than 32; "):
+        _notes(*base)
+    assert _notes(*base, "data.seq_length=40", "data.max_prompt_length=8") == []
+
+
 def test_a_multi_turn_environment_over_text_prompts_is_refused_before_the_ranks_start():
     # Before: the first episode (rollout/turns.py start_episode) refused it on a rank.
     with pytest.raises(UserError, match=r"^rollout\.environment: 'calculator' needs chat prompts, but "
