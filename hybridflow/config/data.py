@@ -7,6 +7,10 @@ from dataclasses import dataclass
 from hybridflow.config.bounds import bounded
 
 OVERLONG_PROMPTS = ("drop", "error")
+# Training widths are rounded up to this many columns (the step's batch, StepBatch.trim_columns, and each length
+# class of the micro-batches): divisible by any TP degree sequence parallelism splits a sequence over (the planner
+# checks it), few distinct shapes.
+TRIM_MULTIPLE = 64
 
 
 @dataclass

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from hybridflow.config.data import TRIM_MULTIPLE
 from hybridflow.config.experiment import ExperimentConfig, engine_of
 from hybridflow.config.parallel import reference_is_actor_base
 from hybridflow.engines import engine_names, get_engine
 from hybridflow.errors import UserError
 from hybridflow.placement.cluster import GPU, nvlink_domain
+from hybridflow.placement.memory import sequence_parallel
 from hybridflow.placement.mesh import ParallelDims, RoleMesh
 from hybridflow.role_records import Role, role_names, role_record
 
@@ -40,6 +42,15 @@ def check_layout_fits_model(cfg: ExperimentConfig, role: str, dims: ParallelDims
     if model.intermediate_size % tp:  # megatron's and vLLM's MLP split it over TP (a rank asserted it at build)
         raise UserError(f"{field}.tp: {tp} does not divide {mfield}.intermediate_size={model.intermediate_size}; "
                         "use a divisor")
+    if role != Role.ROLLOUT and cfg.cluster.gpu_type != "cpu" and sequence_parallel(cfg, role, tp) and (
+            cfg.data.seq_length % tp or TRIM_MULTIPLE % tp):  # SP stays off on the CPU backend
+        # Sequence parallelism splits every sequence over TP; batches are trimmed to multiples of TRIM_MULTIPLE
+        # columns, data.seq_length at most: each width must divide.
+        raise UserError(
+            f"data.seq_length: {cfg.data.seq_length} is not a multiple of {field}.tp={tp} (sequence parallelism "
+            f"needs every width, {TRIM_MULTIPLE}-multiples up to data.seq_length, divisible by tp); set "
+            f"data.seq_length to a multiple of a tp that divides {TRIM_MULTIPLE}, or {field}.sequence_parallel=false"
+        )
     layers = model.num_hidden_layers
     if pp > layers:
         raise UserError(f"{field}.pp: {pp} exceeds {mfield}.num_hidden_layers={layers}; use pp <= {layers}")

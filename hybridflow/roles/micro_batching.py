@@ -14,12 +14,9 @@ from __future__ import annotations
 
 import torch
 
+from hybridflow.config.data import TRIM_MULTIPLE
 from hybridflow.data.step_batch import trimmed_width
 from megatron_adapters.output_positions import logit_positions
-
-# Training widths are rounded up to this many columns (the step's batch, StepBatch.trim_columns, and each length
-# class here): divisible by any TP degree (sequence parallelism splits the sequence over TP), few distinct shapes.
-TRIM_MULTIPLE = 64
 
 
 def padded_micro_batches(tensors: dict[str, torch.Tensor], size: int, device: torch.device,

@@ -18,7 +18,6 @@ from hybridflow.config.model import torch_dtype
 from hybridflow.config.parallel import reference_is_actor_base
 from hybridflow.data import PromptDataset, load_prompt_dataset, load_tokenizer
 from hybridflow.data.vocabulary import stop_token_ids
-from hybridflow.errors import UserError
 from hybridflow.placement import Plan
 from hybridflow.role_records import Role, model_roles, role_record
 from hybridflow.roles.groups import build_groups, build_training_group
@@ -38,7 +37,7 @@ from hybridflow.rollout.turns import TurnSettings
 from hybridflow.tools import environment_tools, get_environment
 from hybridflow.trainer.device_memory import BuildMemory
 from hybridflow.trainer.model_files import ensure_model_files, role_model_dirs
-from hybridflow.trainer.rl_trainer import TRIM_MULTIPLE, RLTrainer
+from hybridflow.trainer.rl_trainer import RLTrainer
 from hybridflow.trainer.scorer import build_scorer
 from megatron_adapters.bridge import build_reshard_plan
 from megatron_adapters.cpu_backend import compute_device
@@ -131,15 +130,6 @@ def build_run(cfg: ExperimentConfig, plan: Plan, work_dir: Path) -> BuiltRun:
         overrides = role_config_overrides(trained, tp, role_cfg.activation_recompute,
                                           bool(role_cfg.parallel.sequence_parallel), model_spec(lora),
                                           dtype if role_cfg.max_tokens_per_micro_batch else None)
-        if overrides.get("sequence_parallel") and (cfg.data.seq_length % tp or TRIM_MULTIPLE % tp):
-            # Sequence parallelism splits every sequence over TP; batches are trimmed to a multiple of
-            # TRIM_MULTIPLE columns, data.seq_length at most.
-            raise UserError(
-                f"data.seq_length: {cfg.data.seq_length} is not a multiple of roles.{role}.parallel.tp={tp} "
-                f"(sequence parallelism needs every width, {TRIM_MULTIPLE}-multiples up to data.seq_length, "
-                f"divisible by tp); set data.seq_length to a multiple of a tp that divides {TRIM_MULTIPLE}, "
-                f"or roles.{role}.parallel.sequence_parallel=false"
-            )
         roles[role] = build_model_role(
             role, meshes[role], groups[role], model_dirs[role], record.head, dtype,
             role_cfg.micro_batch_size,

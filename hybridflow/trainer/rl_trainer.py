@@ -33,11 +33,11 @@ import torch.distributed as dist
 
 from hybridflow.algorithms import Algorithm, KLController
 from hybridflow.config import ExperimentConfig
+from hybridflow.config.data import TRIM_MULTIPLE
 from hybridflow.data.step_batch import StepBatch
 from hybridflow.placement import RoleMesh
 from hybridflow.role_records import Role
 from hybridflow.roles.groups import TrainingGroup
-from hybridflow.roles.micro_batching import TRIM_MULTIPLE
 from hybridflow.roles.model_role import ModelRole
 from hybridflow.roles.rollout_role import RolloutRole
 from hybridflow.token_kinds import observation_share

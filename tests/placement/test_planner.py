@@ -114,6 +114,11 @@ BAD_INPUTS = {
         ["model.intermediate_size=385"],
         r"^roles\.actor\.parallel\.tp: 2 does not divide model\.intermediate_size=385; use a divisor",
     ),
+    "sequence_parallel_width_not_dividing_tp": (  # before: the rank refused it at build (Transformer Engine)
+        "ppo_llama3_8b",
+        ["data.seq_length=2050"],
+        r"^data\.seq_length: 2050 is not a multiple of roles\.actor\.parallel\.tp=4 \(sequence parallelism",
+    ),
     "tp_larger_than_node": (
         "ppo_llama3_70b_2node",
         ["roles.actor.parallel.tp=16", "roles.actor.parallel.pp=1"],
