@@ -237,16 +237,22 @@ class RLStep:
         def fn(logits, mb, scale):
             logp, ent = actor.logprobs(logits, mb["input_ids"], temperature, with_entropy=True,
                                        positions=mb.get("logit_positions"))
-            out = actor_loss(logp, mb["old_logprobs"], mb["advantages"], mb["loss_mask"], cfg,
-                             entropy=ent, ref_logprobs=mb.get("ref_logprobs"), is_weights=mb.get("is_weights"))
-            return self._aggregate(out, mb, scale)
+            # A packed micro-batch goes back to one row per sample first: a sequence-level loss (GSPO's ratio,
+            # the per-sequence aggregation modes) takes each sample's own tokens, not the whole pack's.
+            rows = {k: as_rows(mb[k], mb) if k in mb else None
+                    for k in ("old_logprobs", "advantages", "loss_mask", "ref_logprobs", "is_weights")}
+            out = actor_loss(as_rows(logp, mb), rows["old_logprobs"], rows["advantages"], rows["loss_mask"], cfg,
+                             entropy=as_rows(ent, mb), ref_logprobs=rows["ref_logprobs"],
+                             is_weights=rows["is_weights"])
+            return self._aggregate(out, scale)
 
         return fn
 
     def _critic_loss(self, values, mb, scale):
         cfg = CriticLossConfig(cliprange_value=self.cfg.algorithm.cliprange_value)
-        v = per_token_values(values, mb)
-        return self._aggregate(critic_loss(v, mb["values"], mb["returns"], mb["loss_mask"], cfg), mb, scale)
+        v, old, returns, mask = (as_rows(x, mb) for x in (per_token_values(values, mb), mb["values"], mb["returns"],
+                                                          mb["loss_mask"]))
+        return self._aggregate(critic_loss(v, old, returns, mask, cfg), scale)
 
     def _loss_scale(self, role, mask: torch.Tensor, n_micro: int) -> float:
         """loss_agg.micro_batch_scale for this mini-batch: the count is summed over the role's DP replicas."""
@@ -254,11 +260,11 @@ class RLStep:
         dist.all_reduce(count, group=role.groups.dp)
         return loss_agg.micro_batch_scale(n_micro, role.mesh.dp, float(count))
 
-    def _aggregate(self, out, mb, scale: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The micro-batch loss megatron's schedule gets; metrics stay token sums plus the token count.
-        A packed micro-batch's per-token loss goes back to rows first (per-sequence modes sum per row)."""
+    def _aggregate(self, out, scale: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The micro-batch loss megatron's schedule gets (from one row per sample: per-sequence modes sum per
+        row); metrics stay token sums plus the token count."""
         mode = self.cfg.algorithm.loss_agg_mode
-        loss = loss_agg.numerator(as_rows(out.token_loss, mb), as_rows(out.mask, mb), mode) * scale
+        loss = loss_agg.numerator(out.token_loss, out.mask, mode) * scale
         return loss, {**out.metrics, "num_tokens": out.num_tokens.float()}
 
     def warmup(self, tensors: dict[str, torch.Tensor]) -> dict[str, float]:

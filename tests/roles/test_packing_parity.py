@@ -14,6 +14,10 @@ from tests.megatron_adapters.tiny_hf_models import save_tiny_model
 LENGTHS = (16, 5, 9, 3, 12, 7)  # true lengths of the 6 rows (prompt + response); the batch is 16 wide
 PROMPTS = (4, 2, 3, 2, 4, 3)
 BUDGET = 20  # packs [16+3], [12+7], [9+5]: three micro-batches of 19, 19 and 14 tokens
+# (loss_agg_mode, algorithm.name); gspo: one ratio per sequence (a packed micro-batch once got one per pack)
+LOSS_MODES = {"token-mean": ("token-mean", "ppo"), "seq-mean-token-mean": ("seq-mean-token-mean", "ppo"),
+              "gspo": ("seq-mean-token-mean", "gspo")}
+MODES = tuple(LOSS_MODES)
 
 
 def _batch(vocab: int) -> dict[str, torch.Tensor]:
@@ -62,8 +66,11 @@ def _parity(hf_dir: str, tp: int, pp: int, batch: dict[str, torch.Tensor]) -> di
             role.max_tokens_per_micro_batch = budget
         res["logprobs"] = actor.forward(batch, per_token_logprobs(actor, 0.7))
         res["values"] = critic.forward(batch, per_token_values)
-        for mode in ("token-mean", "seq-mean-token-mean"):
-            cfg.algorithm.loss_agg_mode = mode
+        for mode in MODES:
+            cfg.algorithm.loss_agg_mode, cfg.algorithm.name = LOSS_MODES[mode]
+            cfg.roles.critic.enabled = cfg.algorithm.name == "ppo"  # the critic's loss below runs either way
+            cfg.rollout.n_samples_per_prompt = 1 if cfg.algorithm.name == "ppo" else 2  # the batch is given
+            trainer.algorithm = build_algorithm(cfg)
             for name, role, loss_fn in (("actor", actor, trainer._actor_loss(0.7)),
                                         ("critic", critic, trainer._critic_loss)):
                 micro = role.micro_batches(batch)
@@ -100,7 +107,7 @@ def test_packed_equals_padded(tmp_path, tp, pp):
             torch.testing.assert_close(packed[key][valid], padded[key][valid], rtol=1e-5, atol=1e-5)
             assert torch.all(packed[key][~valid] == 0) and torch.all(packed[key][:, 0] == 0)
         for name in ("actor", "critic"):
-            for mode in ("token-mean", "seq-mean-token-mean"):
+            for mode in MODES:
                 if padded[(name, mode, "loss")] is not None:  # on the last pipeline stage
                     torch.testing.assert_close(packed[(name, mode, "loss")], padded[(name, mode, "loss")],
                                                rtol=1e-5, atol=1e-6)
