@@ -41,22 +41,36 @@ def check_layout_fits_model(cfg: ExperimentConfig, role: str, dims: ParallelDims
         )
     if model.intermediate_size % tp:  # megatron's and vLLM's MLP split it over TP (a rank asserted it at build)
         raise UserError(f"{field}.tp: {tp} does not divide {mfield}.intermediate_size={model.intermediate_size}; "
-                        "use a divisor")
-    if role != Role.ROLLOUT and cfg.cluster.gpu_type != "cpu" and sequence_parallel(cfg, role, tp) and (
-            cfg.data.seq_length % tp or TRIM_MULTIPLE % tp):  # SP stays off on the CPU backend
-        # Sequence parallelism splits every sequence over TP; batches are trimmed to multiples of TRIM_MULTIPLE
-        # columns, data.seq_length at most: each width must divide.
-        raise UserError(
-            f"data.seq_length: {cfg.data.seq_length} is not a multiple of {field}.tp={tp} (sequence parallelism "
-            f"needs every width, {TRIM_MULTIPLE}-multiples up to data.seq_length, divisible by tp); set "
-            f"data.seq_length to a multiple of a tp that divides {TRIM_MULTIPLE}, or {field}.sequence_parallel=false"
-        )
+                        f"use a divisor of {model.intermediate_size}")
+    check_sequence_parallel_widths(cfg, role, tp)
     layers = model.num_hidden_layers
     if pp > layers:
         raise UserError(f"{field}.pp: {pp} exceeds {mfield}.num_hidden_layers={layers}; use pp <= {layers}")
     if layers % pp:
         raise UserError(
             f"{field}.pp: {pp} does not divide {mfield}.num_hidden_layers={layers}; use a divisor of {layers}"
+        )
+
+
+def sequence_parallel_width(cfg: ExperimentConfig, role: str) -> int:
+    """data.seq_length where `role` would split sequences over TP (sequence parallelism asked for, on a GPU
+    cluster: it stays off on the CPU backend), which its TP must then divide; 0 where it would not. Batches are
+    trimmed to TRIM_MULTIPLE-column multiples up to it, so TP must divide TRIM_MULTIPLE too."""
+    if role == Role.ROLLOUT or cfg.cluster.gpu_type == "cpu" or not sequence_parallel(cfg, role, 2):
+        return 0
+    return cfg.data.seq_length
+
+
+def check_sequence_parallel_widths(cfg: ExperimentConfig, role: str, tp: int) -> None:
+    """Every width a sequence-parallel role sees divides by its TP (the rank refused it at build otherwise, with
+    Transformer Engine, which turns sequence parallelism on)."""
+    width = sequence_parallel_width(cfg, role)
+    if tp > 1 and width and (width % tp or TRIM_MULTIPLE % tp):
+        field = f"roles.{role}.parallel"
+        raise UserError(
+            f"data.seq_length: {width} is not a multiple of {field}.tp={tp} (sequence parallelism needs every "
+            f"width, {TRIM_MULTIPLE}-multiples up to data.seq_length, divisible by tp); set data.seq_length to a "
+            f"multiple of a tp that divides {TRIM_MULTIPLE}, or {field}.sequence_parallel=false"
         )
 
 

@@ -343,3 +343,12 @@ def test_plan_properties(base_cfg, layout):
 def test_rollout_lag_plans_on_a_split_rollout():
     plan = plan_placement(resolve_experiment("tiny_cpu", ["trainer.rollout_lag=1", "placement=split_rollout"]))
     assert plan.meshes["actor"].ranks == (0, 1) and set(plan.meshes["rollout"].ranks) == {2, 3}
+
+
+@pytest.mark.parametrize("override", ["data.seq_length=2049", "model.intermediate_size=14339"])
+def test_the_auto_search_offers_only_tps_the_layout_checks_accept(override):
+    # Before: the search took TP 2 (it checked heads only) and build_plan refused its own choice, naming
+    # roles.actor.parallel.tp, which the user never set.
+    plan = plan_placement(resolve_experiment("ppo_llama3_8b", ["placement.mode=auto", override]))
+    sequence_split = ("actor", "critic", "ref", "reward") if override.startswith("data.") else tuple(plan.meshes)
+    assert all(plan.meshes[role].tp == 1 for role in sequence_split if role in plan.meshes)

@@ -24,7 +24,7 @@ from hybridflow.placement.auto.search import Candidate, SearchResult, compose, s
 from hybridflow.placement.auto.set_solver import MemoryFn, RoleChoice, SetSolution
 from hybridflow.placement.auto.strategy import Strategy
 from hybridflow.placement.auto.workload import ModelCostShape, RoleWork, Workload, split_rollout
-from hybridflow.placement.checks import check_batch_sizes
+from hybridflow.placement.checks import check_batch_sizes, sequence_parallel_width
 from hybridflow.placement.memory import GIB, estimate_role_memory, offloaded_share, rollout_shares_actor_weights
 from hybridflow.placement.mesh import ParallelDims
 from hybridflow.placement.offload import roles_to_pick
@@ -62,7 +62,8 @@ def workload_from_config(cfg: ExperimentConfig) -> Workload:
                  offloaded_share(cfg.roles.get(name)) if role_record(name).trained else 0.0,
                  preparation_passes=_preparation_passes(cfg, name),
                  adapter_params=_adapter_params(cfg, name),
-                 syncs_adapters=name == Role.ACTOR and syncs_adapters(cfg))
+                 syncs_adapters=name == Role.ACTOR and syncs_adapters(cfg),
+                 sequence_parallel_width=sequence_parallel_width(cfg, name))
         for name in model_roles() if cfg.roles.get(name).enabled and not _on_actor(cfg, name))
     lag = one_step_off(cfg)
     return Workload(roles=split_rollout(roles) if lag else roles, prompts=cfg.data.train_batch_size,

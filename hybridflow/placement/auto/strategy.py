@@ -46,9 +46,11 @@ def _powers_of_two_upto(limit: int) -> list[int]:
 
 
 def _tp_ok(tp: int, role: RoleWork) -> bool:
-    """Megatron needs whole heads and whole query groups per TP rank."""
-    m = role.model
-    return m.num_heads % tp == 0 and m.num_kv_heads % tp == 0
+    """Megatron needs whole heads, query groups and MLP columns per TP rank, and sequence parallelism whole
+    sequence shards (placement.checks.check_layout_fits_model refuses the rest; the TPs here, powers of two up
+    to a node, divide the 64-column trim)."""
+    m, width = role.model, role.sequence_parallel_width
+    return not (m.num_heads % tp or m.num_kv_heads % tp or m.intermediate_size % tp or (width and width % tp))
 
 
 def strategies_for(role: RoleWork, gpus: int, device: DeviceSpec, workload: Workload) -> list[Strategy]:

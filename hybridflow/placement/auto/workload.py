@@ -113,6 +113,9 @@ class RoleWork:
     # A generating role whose rollout engine holds its adapters (hybridflow.config.experiment.syncs_adapters):
     # each sync ships the adapters, not the model (the base goes once, outside the iteration).
     syncs_adapters: bool = False
+    # data.seq_length where the role splits sequences over TP (placement.checks.sequence_parallel_width), which
+    # its TP must divide; 0: no such split.
+    sequence_parallel_width: int = 0
 
     @property
     def trained_params(self) -> int:
