@@ -91,15 +91,16 @@ def _run(cfg: ExperimentConfig, planned: Plan | None, launcher: LauncherEnv | No
         start_from = resume.resume_point(cfg)
         if launcher is None:
             plan = planned or plan_placement(cfg)
-            notes = preflight(cfg, plan, start_from)
         else:  # a rank of torchrun/srun: the `--plan-only` step planned and checked the data already
             assert planned is not None
             plan = planned
             check_devices(cfg, plan)
-            notes = []
         if start_from is not None:
             resume.check_resumable(start_from, cfg, plan)
             start_step = resume.checkpoint_step(start_from)
+        # the data against the checkpoint it goes on from (a finished run trains nothing: nothing to compare)
+        goes_on_from = start_from if start_step < cfg.trainer.total_steps else None
+        notes = preflight(cfg, plan, goes_on_from) if launcher is None else []
         if first:  # one run per output directory, until this process ends; taken after the checks (bad input
             hold_output_dir(cfg.trainer.output_dir)  # writes nothing) and before anything is written
         if planned is None:  # checked: the ranks (local, or srun's after --plan-only) load this

@@ -98,7 +98,7 @@ def preflight(cfg: ExperimentConfig, plan: Plan, resume_from: Path | None = None
         notes.append(_dropped_note(dropped, len(val) + dropped, "validation prompts", d.max_prompt_length))
         row_sets["the validation set"] = val.rows
     check_rows(cfg, row_sets)
-    if cfg.trainer.warmup_sft_steps:
+    if cfg.trainer.warmup_sft_steps and resume_from is None:  # a resumed run does not warm up again
         check_warmup_lengths(cfg, rank_loader(seed=cfg.trainer.seed + 1), tokenizer)
     return [note for note in notes if note]
 
