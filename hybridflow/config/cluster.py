@@ -49,6 +49,11 @@ class ClusterConfig:
         return self.nodes * self.gpus_per_node
 
 
+def default_headroom_gib(gpu_type: str, gpu_memory_gib: float) -> float:
+    """`cluster.gpu_memory_headroom_gib`'s default for a card of `gpu_memory_gib` (HEADROOM_* above)."""
+    return HEADROOM_FIXED_GIB[gpu_type] + HEADROOM_FRAGMENTATION_SHARE * gpu_memory_gib
+
+
 def resolve_cluster(cluster: ClusterConfig) -> ClusterConfig:
     """Fill `None` device figures from `GPU_DEFAULTS` and check the NVLink domain (ranges: `check_bounds`)."""
     defaults = GPU_DEFAULTS[cluster.gpu_type]
@@ -57,8 +62,7 @@ def resolve_cluster(cluster: ClusterConfig) -> ClusterConfig:
         filled["nvlink_domain_size"] = cluster.gpus_per_node
     if cluster.gpu_memory_headroom_gib is None:
         memory = filled.get("gpu_memory_gib", cluster.gpu_memory_gib)
-        filled["gpu_memory_headroom_gib"] = (HEADROOM_FIXED_GIB[cluster.gpu_type]
-                                             + HEADROOM_FRAGMENTATION_SHARE * memory)
+        filled["gpu_memory_headroom_gib"] = default_headroom_gib(cluster.gpu_type, memory)
     cluster = replace(cluster, **filled)
     if cluster.gpu_memory_headroom_gib >= cluster.gpu_memory_gib:
         raise UserError(

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from hybridflow.config import ExperimentConfig
-from hybridflow.config.cluster import HEADROOM_FRAGMENTATION_SHARE
+from hybridflow.config.cluster import default_headroom_gib
 from hybridflow.config.experiment import engine_of
 from hybridflow.data import PromptLoader, load_prompt_dataset
 from hybridflow.data.batching import collate_sft
@@ -50,8 +50,9 @@ def check_device_memory(cfg: ExperimentConfig, plan: Plan, total_bytes: int, nam
     if total_bytes >= SAME_SIZE_SHARE * plan.capacity_bytes or not plan.memory:
         return  # the card the plan was checked against
     need = max(_on_card(cfg, plan, rank, total_bytes) for rank in plan.memory)
-    # The headroom's share of the card (config/cluster.py) is taken of this card too.
-    headroom = int(plan.headroom_bytes - HEADROOM_FRAGMENTATION_SHARE * (plan.capacity_bytes - total_bytes))
+    c = cfg.cluster  # a default headroom is that of this card's size; one the user set stays as set
+    defaulted = c.gpu_memory_headroom_gib == default_headroom_gib(c.gpu_type, c.gpu_memory_gib)
+    headroom = int(default_headroom_gib(c.gpu_type, total_bytes / GIB) * GIB) if defaulted else plan.headroom_bytes
     if need > total_bytes - headroom:
         raise UserError(
             f"cluster.gpu_type: the plan needs {need / GIB:.1f} GiB per GPU, planned for {cfg.cluster.gpu_type} "

@@ -70,6 +70,10 @@ def test_an_engine_that_takes_a_share_of_the_card_takes_it_of_this_card():
     rollout = plan.role_memory[0]["rollout"]
     assert rollout.kv_cache == int(0.3 * 141 * 2**30) - rollout.weights
     check_device_memory(cfg, plan, *H100)
+    # a headroom the user set stays as set on the smaller card (the default one is that card's: 2 + 5 %)
+    cfg2, plan2 = _planned("grpo_smollm2", "rollout=vllm", "cluster.gpu_memory_headroom_gib=20")
+    with pytest.raises(UserError, match=r"79\.6 GiB, 59\.6 after the 20\.00 GiB headroom"):
+        check_device_memory(cfg2, plan2, *H100)
     # the share is still counted: on a 40 GiB card the same plan does not fit
     with pytest.raises(UserError, match=r"^cluster\.gpu_type: the plan needs "):
         check_device_memory(cfg, plan, 40 * 2**30, "a 40 GiB card")
