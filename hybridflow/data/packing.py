@@ -78,15 +78,27 @@ def is_packed(micro_batch: dict[str, torch.Tensor]) -> bool:
     return "cu_seqlens" in micro_batch
 
 
-def as_rows(x: torch.Tensor, micro_batch: dict[str, torch.Tensor], width: int | None = None) -> torch.Tensor:
-    """A packed `[1, N, ...]` per-token tensor back as right-padded `[n, width, ...]` rows (zeros after each
-    sample's end; the padding segment dropped). Unpacked micro-batches pass through unchanged."""
+def row_layout(micro_batch: dict[str, torch.Tensor], width: int | None = None) -> tuple | None:
+    """Where a packed micro-batch's tokens go as rows: (samples, real tokens, segment ids, positions, width);
+    None for an unpacked one. Two host reads: take it once per micro-batch for several `as_rows`."""
     if not is_packed(micro_batch):
-        return x
+        return None
     n = micro_batch["rows"].numel()
     real = int(micro_batch["cu_seqlens"][n])  # the samples' tokens come first, the padding segment last
     pos, seg = micro_batch["position_ids"][0, :real], micro_batch["segment_ids"][0, :real]
     width = int(pos.max()) + 1 if width is None and real else width or 0
+    return n, real, seg, pos, width
+
+
+def as_rows(x: torch.Tensor, micro_batch: dict[str, torch.Tensor], width: int | None = None,
+            layout: tuple | None = None) -> torch.Tensor:
+    """A packed `[1, N, ...]` per-token tensor back as right-padded `[n, width, ...]` rows (zeros after each
+    sample's end; the padding segment dropped). Unpacked micro-batches pass through unchanged. `layout`: the
+    micro-batch's `row_layout`, when several tensors of it go back to rows."""
+    layout = layout or row_layout(micro_batch, width)
+    if layout is None:
+        return x
+    n, real, seg, pos, width = layout
     out = x.new_zeros(n, width, *x.shape[2:])
     out[seg, pos] = x[0, :real]
     return out

@@ -38,7 +38,7 @@ from hybridflow.algorithms import (
 )
 from hybridflow.algorithms.losses.truncated_is import truncated_is_weights
 from hybridflow.config import ExperimentConfig
-from hybridflow.data.packing import as_rows
+from hybridflow.data.packing import as_rows, row_layout
 from hybridflow.data.step_batch import StepBatch
 from hybridflow.placement import RoleMesh
 from hybridflow.role_records import Role
@@ -239,19 +239,20 @@ class RLStep:
                                        positions=mb.get("logit_positions"))
             # A packed micro-batch goes back to one row per sample first: a sequence-level loss (GSPO's ratio,
             # the per-sequence aggregation modes) takes each sample's own tokens, not the whole pack's.
-            rows = {k: as_rows(mb[k], mb) if k in mb else None
-                    for k in ("old_logprobs", "advantages", "loss_mask", "ref_logprobs", "is_weights")}
-            out = actor_loss(as_rows(logp, mb), rows["old_logprobs"], rows["advantages"], rows["loss_mask"], cfg,
-                             entropy=as_rows(ent, mb), ref_logprobs=rows["ref_logprobs"],
-                             is_weights=rows["is_weights"])
+            layout = row_layout(mb)
+            rows = {k: as_rows(mb[k], mb, layout=layout) for k in (*self._actor_fields(), "loss_mask")}
+            out = actor_loss(as_rows(logp, mb, layout=layout), rows["old_logprobs"], rows["advantages"],
+                             rows["loss_mask"], cfg, entropy=as_rows(ent, mb, layout=layout),
+                             ref_logprobs=rows.get("ref_logprobs"), is_weights=rows.get("is_weights"))
             return self._aggregate(out, scale)
 
         return fn
 
     def _critic_loss(self, values, mb, scale):
         cfg = CriticLossConfig(cliprange_value=self.cfg.algorithm.cliprange_value)
-        v, old, returns, mask = (as_rows(x, mb) for x in (per_token_values(values, mb), mb["values"], mb["returns"],
-                                                          mb["loss_mask"]))
+        layout = row_layout(mb)
+        v, old, returns, mask = (as_rows(x, mb, layout=layout)
+                                 for x in (per_token_values(values, mb), mb["values"], mb["returns"], mb["loss_mask"]))
         return self._aggregate(critic_loss(v, old, returns, mask, cfg), scale)
 
     def _loss_scale(self, role, mask: torch.Tensor, n_micro: int) -> float:
