@@ -47,7 +47,7 @@ for part in "${parts[@]}"; do
         # the pieces would pass the 64 MiB a call carries
         download .carry/trl trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 fsspec==2026.9.0 ;;
     vllm)
-        [ -d .vp/p0 ] && { echo "gpu_pieces: .vp kept (recut .vp p vllm_bundle.tar.part 2 cuts it again)"; continue; }
+        [ -d .vp/p0 ] && { echo "gpu_pieces: .vp kept (rm -rf .vp to make it again)"; continue; }
         bash ../shared/gpu/vllm_bundle.sh make .vp && recut .vp p vllm_bundle.tar.part 2 ;;
     smollm2)
         [ -d .sp/s0 ] && { echo "gpu_pieces: .sp kept"; continue; }

@@ -22,8 +22,9 @@ from pathlib import Path
 import torch
 
 from benchmarks.sampling_check import sampled_responses, smollm2_chat
+from hybridflow.config.data import TRIM_MULTIPLE
 from hybridflow.data.step_batch import trimmed_width
-from hybridflow.roles.micro_batching import TRIM_MULTIPLE, padded_micro_batches
+from hybridflow.roles.micro_batching import padded_micro_batches
 
 
 def parse_args(argv=None) -> argparse.Namespace:
