@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -45,6 +46,14 @@ class PromptLoader:
         self.seed, self.shuffle = seed, shuffle
         self.epoch, self.index = 0, 0
         self._order = self._epoch_order()
+
+    def warmup_loader(self) -> PromptLoader:
+        """The supervised warm-up's rows: the same prompts (rendered and fitted once, here) in the next seed's
+        order, from the start."""
+        other = copy.copy(self)
+        other.seed, other.epoch, other.index = self.seed + 1, 0, 0
+        other._order = other._epoch_order()
+        return other
 
     def _epoch_order(self) -> list[int]:
         if not self.shuffle:

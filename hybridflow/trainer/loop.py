@@ -89,11 +89,9 @@ def train(cfg: ExperimentConfig, plan: Plan) -> dict[str, float]:
         # memory outside torch's allocator shows at the stage that made it (36 NCCL communicators, 13.7 GiB, at the
         # groups stage until they were pooled: benchmarks/README.md stop 48); step 1's device_used_gib follows on
         print("  " + line, flush=True)
-    seed, batch = cfg.trainer.seed, cfg.data.train_batch_size
-    loader_with_seed = partial(PromptLoader, built.dataset, tokenizer, batch, cfg.data.max_prompt_length,
-                               overlong_prompts=cfg.data.overlong_prompts,
-                               tools=environment_tools(cfg.rollout.environment))
-    loader = loader_with_seed(seed=seed)
+    loader = PromptLoader(built.dataset, tokenizer, cfg.data.train_batch_size, cfg.data.max_prompt_length,
+                          seed=cfg.trainer.seed, overlong_prompts=cfg.data.overlong_prompts,
+                          tools=environment_tools(cfg.rollout.environment))
     ckpt_root = work_dir / "checkpoints"
     resume_from = resume_point(cfg)  # the launching process checked it matches this run
     start = 0
@@ -110,7 +108,7 @@ def train(cfg: ExperimentConfig, plan: Plan) -> dict[str, float]:
             drop_records_after(work_dir, start)
     log = MetricsLog(work_dir, cfg.trainer.total_steps, start, active=dist.get_rank() == 0)
     if resume_from is None:
-        warmup(trainer, loader_with_seed(seed=seed + 1), tokenizer, cfg, log, sft_dir, built.hf_dir)
+        warmup(trainer, loader.warmup_loader(), tokenizer, cfg, log, sft_dir, built.hf_dir)
     validator = Validator.build(cfg, tokenizer)
     log_samples = partial(_log_samples, log, tokenizer, cfg, trainer.rollout.sampling.stop_token_ids)
     if validator is not None and cfg.trainer.val_before_train:

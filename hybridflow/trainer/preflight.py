@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from functools import partial
 from pathlib import Path
 
 import torch
@@ -87,9 +86,8 @@ def preflight(cfg: ExperimentConfig, plan: Plan, resume_from: Path | None = None
     dataset = load_prompt_dataset(cfg.data.source, cfg.data.prompt_key, seed=cfg.trainer.seed)
     tokenizer = check_run_tokens(cfg).tokenizer
     d = cfg.data
-    rank_loader = partial(PromptLoader, dataset, tokenizer, d.train_batch_size, d.max_prompt_length,
+    loader = PromptLoader(dataset, tokenizer, d.train_batch_size, d.max_prompt_length, seed=cfg.trainer.seed,
                           overlong_prompts=d.overlong_prompts, tools=environment_tools(cfg.rollout.environment))
-    loader = rank_loader(seed=cfg.trainer.seed)
     notes = [_dropped_note(loader.num_dropped, loader.num_rows, "prompts", d.max_prompt_length)]
     if resume_from is not None:
         check_resumed_prompts(resume_from, len(loader.dataset))
@@ -100,12 +98,12 @@ def preflight(cfg: ExperimentConfig, plan: Plan, resume_from: Path | None = None
         row_sets["the validation set"] = val.rows
     check_rows(cfg, row_sets)
     if cfg.trainer.warmup_sft_steps and resume_from is None:  # a resumed run does not warm up again
-        check_warmup_lengths(cfg, rank_loader(seed=cfg.trainer.seed + 1), tokenizer)
+        check_warmup_lengths(cfg, loader.warmup_loader(), tokenizer)
     return [note for note in notes if note]
 
 
 def check_warmup_lengths(cfg: ExperimentConfig, loader: PromptLoader, tokenizer) -> None:
-    """The rows the supervised warm-up draws (its loader as trainer/loop.py seeds it) fit data.seq_length with
+    """The rows the supervised warm-up draws (`PromptLoader.warmup_loader`, as trainer/loop.py) fit data.seq_length with
     their answers; a longer prompt + answer stopped its rank at that warm-up step."""
     for _ in range(cfg.trainer.warmup_sft_steps):
         rows = loader.next_rows()

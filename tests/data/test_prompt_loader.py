@@ -25,6 +25,16 @@ def test_epochs_cover_distinct_rows_in_seeded_order(tok):
     assert [r["prompt"] for r in c.next_rows()] != first[:4]
 
 
+def test_the_warmup_loader_is_the_next_seeds_loader_without_fitting_the_prompts_again(tok):
+    a = _loader(tok, seed=7)
+    a.next_rows()  # where the training loader stands does not move the warm-up's start
+    warm, fresh = a.warmup_loader(), _loader(tok, seed=8)
+    assert warm.dataset is a.dataset and (warm.seed, warm.epoch, warm.index) == (8, 0, 0)
+    for _ in range(4):  # into the second epoch
+        assert warm.next_rows() == fresh.next_rows()
+    assert (a.seed, a.index) == (7, 4)
+
+
 def test_resume_from_state_dict_continues_identically(tok):
     a = _loader(tok, seed=7)
     for _ in range(3):
