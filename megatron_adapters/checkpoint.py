@@ -24,6 +24,7 @@ from megatron.core.dist_checkpointing.mapping import LocalNonpersistentObject, S
 from megatron.core.dist_checkpointing.serialization import load_content_metadata
 from megatron.core.dist_checkpointing.strategies import filesystem_async
 from megatron.core.dist_checkpointing.utils import add_prefix_for_sharding
+from megatron.core.optimizer.optimizer import param_group_identifier_keys
 
 from megatron_adapters.lora import is_adapter_param
 from megatron_adapters.model import load_hf_config
@@ -34,6 +35,10 @@ OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
 # `save_models` checkpoints carry this in megatron's content metadata: each role's common state is then
 # stored by the role's own first rank. Checkpoints without it kept every role's common state on rank 0.
 ROLE_COMMON_FORMAT = {"hybridflow_role_common_state": 1}
+# Param-group keys that megatron's scheduler sets from the config (peak and floor lr, weight decay). megatron
+# matches saved param groups to the current ones by every identifier key, these included, so a resume with a
+# new learning rate or weight decay found no group (KeyError). The saved groups take the current values.
+SCHEDULED_GROUP_KEYS = ("max_lr", "min_lr", "start_wd", "end_wd")
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -188,6 +193,7 @@ def _load_optimizer_state(optimizer, state: dict) -> None:
     being shared, advance it once per parameter each step. The checkpoint's step survives in the
     param groups that megatron loaded, so each parameter gets its own copy of that.
     """
+    _adopt_current_schedule(optimizer, state)
     optimizer.load_state_dict(state)
     for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
         inner = opt.optimizer
@@ -195,6 +201,31 @@ def _load_optimizer_state(optimizer, state: dict) -> None:
             for param in group["params"]:
                 if "step" in inner.state[param]:  # torch Adam only: Apex/TE Adam count steps per group
                     inner.state[param]["step"] = torch.tensor(float(group["step"]))
+
+
+def _group_structure(group: dict) -> tuple:
+    """A param group's identity without the scheduled keys (megatron's own lookup, NeMo's pre_ aliases too)."""
+    return tuple(group.get(key, group.get(f"pre_{key}")) for key in param_group_identifier_keys
+                 if key not in SCHEDULED_GROUP_KEYS)
+
+
+def _adopt_current_schedule(optimizer, state) -> None:
+    """Give each saved param group the current group's SCHEDULED_GROUP_KEYS, so that a resume may change the
+    learning rate or weight decay (the scheduler, built with the config's values, sets them from then on)."""
+    opts = getattr(optimizer, "chained_optimizers", [optimizer])
+    states = [state] if len(opts) == 1 else [v for _, v in sorted(state.items())] if isinstance(state, dict) \
+        else list(state)
+    for opt, saved in zip(opts, states, strict=True):
+        current = {_group_structure(g): g for g in opt.optimizer.param_groups}
+        for group in saved.get("optimizer", saved)["param_groups"]:
+            match = current.get(_group_structure(group))
+            if match is None:  # megatron names the group it misses
+                continue
+            for key in SCHEDULED_GROUP_KEYS:  # absent, the scheduler reads its own value (None would break it)
+                if key in match:
+                    group[key] = match[key]
+                else:
+                    group.pop(key, None)
 
 
 def _load_weights(gpt, weights: dict, ckpt_dir) -> None:

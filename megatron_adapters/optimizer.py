@@ -227,6 +227,10 @@ def build_optimizer(
         end_wd=settings.weight_decay,
         wd_incr_steps=1,
         wd_incr_style="constant",
+        # A resume keeps the checkpoint's step count and takes every other value from the config: learning
+        # rates, warm-up and decay may change on resume (megatron's default kept the checkpoint's silently).
+        use_checkpoint_opt_param_scheduler=False,
+        override_opt_param_scheduler=True,
     )
     return RoleOptimizer(optimizer, scheduler, tuple(ddp_chunks))
 

@@ -5,6 +5,7 @@ TP changes float reduction order, so across layouts the check is the HF toleranc
 state round-trips (and old-format checkpoints load), and roles that global rank 0 does not hold save and load.
 """
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -210,3 +211,52 @@ def test_roles_off_rank0_save_and_load_weights_and_optimizer_state(tmp_path):
             assert after["step"].item() == before["step"].item() == 2, rank
             for key in ("main", "exp_avg", "exp_avg_sq"):
                 assert torch.equal(after[key], before[key]), (rank, name, key)
+
+
+def _new_schedule_rank(ckpt_dir):
+    """Train 2 steps at lr 1e-2 (linear decay over 10 steps, weight decay 0.1), save; rebuild at lr 4e-3 over
+    20 steps with weight decay 0.05 and load: the config's schedule applies from the checkpoint's step on."""
+    from megatron_adapters.checkpoint import load_models, save_models
+    from megatron_adapters.forward_backward import run_forward_backward
+    from megatron_adapters.optimizer import OptimizerSettings, TrainingPrecision, build_optimizer, wrap_for_training
+    from megatron_adapters.process_groups import build_role_groups, seed_role_rng
+    from tests.megatron_adapters import tiny_gpt
+
+    pgs = build_role_groups([0, 1], tp=1, pp=1, dp=2)
+
+    def build(settings):
+        seed_role_rng(5, pgs)
+        chunks = wrap_for_training([tiny_gpt.tiny_gpt(pgs)], pgs)
+        return chunks, build_optimizer(chunks, pgs, settings, TrainingPrecision.from_name("fp32"))
+
+    def square_loss(output, batch):
+        loss = output.float().pow(2).mean()
+        return loss, {"loss": loss}
+
+    old = OptimizerSettings(lr=1e-2, weight_decay=0.1, lr_decay_style="linear", lr_decay_steps=10)
+    chunks, optimizer = build(old)
+    for _ in range(2):
+        optimizer.zero_grad()
+        run_forward_backward(chunks, pgs, tiny_gpt.micro_batches(2), square_loss)
+        optimizer.step()
+    save_models(ckpt_dir, {"actor": (chunks[0], optimizer.optimizer)})
+    scheduler_state = optimizer.scheduler.state_dict()
+    saved = _adam_state(optimizer)
+    new = OptimizerSettings(lr=4e-3, weight_decay=0.05, lr_decay_style="linear", lr_decay_steps=20)
+    chunks, optimizer = build(new)
+    load_models(ckpt_dir, {"actor": (chunks[0], optimizer.optimizer)})
+    optimizer.scheduler.load_state_dict(scheduler_state)
+    groups = optimizer.optimizer.optimizer.param_groups
+    return saved, _adam_state(optimizer), [(g["lr"], g["weight_decay"], g.get("wd_mult", 1.0)) for g in groups]
+
+
+def test_resume_takes_a_new_learning_rate_and_weight_decay_from_the_config(tmp_path):
+    for saved, loaded, groups in run_distributed(_new_schedule_rank, 2, args=(str(tmp_path),)):
+        # linear decay to 0 over 20 steps, at the checkpoint's step 2: 4e-3 * (1 - 2 / 20)
+        assert all(lr == pytest.approx(4e-3 * 0.9, rel=1e-6) for lr, _, _ in groups), groups
+        assert {wd for _, wd, _ in groups} == {0.05 * mult for _, _, mult in groups} and {0.0, 0.05} >= {
+            wd for _, wd, _ in groups}
+        for before, after in zip(saved, loaded, strict=True):  # the Adam state is the checkpoint's
+            assert after["step"].item() == before["step"].item() == 2
+            for key in ("main", "exp_avg", "exp_avg_sq"):
+                assert torch.equal(after[key], before[key]), key
