@@ -37,7 +37,7 @@ class FixedKLController:
         return {"value": self.value}
 
     def load_state_dict(self, state: dict[str, float]) -> None:
-        self.value = float(state["value"])
+        """Nothing to restore: the coefficient is the config's (`algorithm.kl_coef`, which a resume may change)."""
 
 
 @dataclass
@@ -61,9 +61,9 @@ class AdaptiveKLController:
         return {"value": self.value, "target": self.target, "horizon": self.horizon}
 
     def load_state_dict(self, state: dict[str, float]) -> None:
+        """The adapted coefficient continues; target and horizon stay the config's, which a resume may change
+        (a checkpoint of a fixed controller holds its coefficient too: adaptation starts from it)."""
         self.value = float(state["value"])
-        self.target = float(state["target"])
-        self.horizon = int(state["horizon"])
 
 
 KLController = FixedKLController | AdaptiveKLController

@@ -24,12 +24,29 @@ def test_adaptive_state_round_trip_continues_identically():
     a = AdaptiveKLController(0.2, target=1.0, horizon=100)
     for kl in (3.0, 0.5, 1.1):
         a.update(kl, 8)
-    b = build_kl_controller("adaptive", kl_coef=99.0, kl_target=5.0, kl_horizon=7)
+    b = build_kl_controller("adaptive", kl_coef=99.0, kl_target=1.0, kl_horizon=100)
     b.load_state_dict(a.state_dict())
     for kl in (0.2, 2.0):
         a.update(kl, 8)
         b.update(kl, 8)
     assert a.value == b.value and a.state_dict() == b.state_dict()
+
+
+def test_resume_takes_the_configs_kl_settings_and_may_switch_controllers():
+    adapted = AdaptiveKLController(0.2, target=1.0, horizon=100)
+    adapted.update(3.0, 8)
+    retargeted = build_kl_controller("adaptive", kl_coef=0.2, kl_target=5.0, kl_horizon=7)
+    retargeted.load_state_dict(adapted.state_dict())  # the adapted value goes on, toward the new target
+    assert (retargeted.value, retargeted.target, retargeted.horizon) == (adapted.value, 5.0, 7)
+    fixed = build_kl_controller("fixed", kl_coef=0.05, kl_target=None, kl_horizon=None)
+    fixed.load_state_dict(adapted.state_dict())  # a fixed coefficient is the config's
+    assert fixed.value == 0.05
+    from_fixed = build_kl_controller("adaptive", kl_coef=0.3, kl_target=1.0, kl_horizon=100)
+    from_fixed.load_state_dict(FixedKLController(0.1).state_dict())  # was KeyError: 'target'
+    assert from_fixed.value == 0.1
+    again = build_kl_controller("fixed", kl_coef=0.02, kl_target=None, kl_horizon=None)
+    again.load_state_dict(FixedKLController(0.1).state_dict())  # was: the checkpoint's 0.1 silently
+    assert again.value == 0.02
 
 
 def test_build_errors_name_the_field():
