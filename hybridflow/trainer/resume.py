@@ -1,12 +1,14 @@
 """Which checkpoint a run resumes from, and whether it may: decided on the launching process, before ranks start.
 
-Each checkpoint carries `fingerprint.json`: what must be the same to load it (model shapes, algorithm, enabled
-roles, world size, the trained roles' meshes, optimizer layout, rollout lag). Everything else (learning rates,
-total_steps, save/validation cadence, logging, the parity gate) may change on resume.
+Each checkpoint carries `fingerprint.json`: what must be the same to load it (model shapes, the weights at
+`model.path`, algorithm, enabled roles, world size, the trained roles' meshes, optimizer layout, rollout lag, the
+seed). Everything else (learning rates and their schedule, weight decay, KL settings, total_steps,
+save/validation cadence, logging, the parity gate) may change on resume.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from dataclasses import fields
@@ -111,6 +113,27 @@ def _shape(model: ModelConfig, prefix: str) -> dict[str, Any]:
     return {f"{prefix}.{f.name}": getattr(model, f.name) for f in fields(model) if f.name != "path"}
 
 
+# Fingerprint fields added after checkpoints were first written: a checkpoint without one is not compared on it.
+ADDED_LATER = ("trainer.seed", "model.path weights")
+DIGEST_SAMPLES, DIGEST_SAMPLE_BYTES = 16, 1 << 16
+
+
+def weights_digest(model_dir: str) -> str:
+    """The identity of the weights in `model_dir`: each safetensors file's name, size and 16 evenly spread 64 KiB
+    samples. Another checkpoint of the same shape (another seed, a fine-tune) differs in them; reading every
+    byte would take a minute at 8B. The reference and a LoRA run's frozen base are loaded from here on
+    resume, so they must be the weights the checkpoint was trained against."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(model_dir).glob("*.safetensors")):
+        size = path.stat().st_size
+        digest.update(f"{path.name}:{size};".encode())
+        with path.open("rb") as f:
+            for k in range(DIGEST_SAMPLES):
+                f.seek(size * k // DIGEST_SAMPLES)
+                digest.update(f.read(DIGEST_SAMPLE_BYTES))
+    return digest.hexdigest()[:16]
+
+
 def fingerprint(cfg: ExperimentConfig, plan: Plan) -> dict[str, Any]:
     """What a checkpoint of this run needs from a run that resumes it, keyed by the config field to change."""
     trained = [role for role in trained_roles() if role in plan.meshes]
@@ -127,6 +150,10 @@ def fingerprint(cfg: ExperimentConfig, plan: Plan) -> dict[str, Any]:
         if lora.enabled:  # only then: fingerprints of full fine-tuning runs stay as they were
             record[f"roles.{role}.lora"] = f"rank {lora.rank} alpha {lora.alpha:g} on {','.join(lora.target_modules)}"
     record["trainer.rollout_lag"] = cfg.trainer.rollout_lag
+    # the seed orders the prompts (and makes a built-in task's rows and a stand-in model): changed, the loader's
+    # saved position would walk another order over other rows
+    record["trainer.seed"] = cfg.trainer.seed
+    record["model.path weights"] = weights_digest(cfg.model.path) if cfg.model.path else "stand-in (shape, seed)"
     return record
 
 
@@ -146,7 +173,8 @@ def _changes(ckpt_dir: Path, cfg: ExperimentConfig, plan: Plan) -> str | None:
     if not record.is_file():  # written before fingerprints existed: megatron's own checks remain
         return None
     old, new = json.loads(record.read_text())["fingerprint"], fingerprint(cfg, plan)
-    differ = [key for key in {**old, **new} if old.get(key) != new.get(key)]
+    differ = [key for key in {**old, **new} if old.get(key) != new.get(key)
+              and not (key in ADDED_LATER and key not in old)]
 
     def shown(value: Any) -> str:
         return ",".join(value) if isinstance(value, list) and all(isinstance(v, str) for v in value) else str(value)

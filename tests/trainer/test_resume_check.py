@@ -116,3 +116,39 @@ def test_fingerprint_file_records_the_step(tmp_path):
     ckpt = checkpoint_of(tmp_path, "tiny_cpu", 3)
     record = json.loads((ckpt / FINGERPRINT_FILE).read_text())
     assert record["step"] == 3 and record["fingerprint"]["algorithm.name"] == "ppo"
+
+
+def test_another_seed_or_other_base_weights_are_refused(tmp_path):
+    """Before: neither was in the fingerprint. A new seed resumed the loader's position in the old prompt order
+    over rows the new seed made; a LoRA run resumed its adapters onto another base model of the same shape."""
+    from tests.megatron_adapters.tiny_hf_models import save_tiny_model
+
+    for name, seed in (("a", 0), ("b", 1)):
+        save_tiny_model("llama", tmp_path / name, seed=seed)
+    out = tmp_path / "run"
+    ckpt = checkpoint_of(out, "grpo_tiny_cpu", 4, f"model.path={tmp_path / 'a'}")
+
+    def problem(*overrides: str) -> str | None:
+        cfg = load_experiment("grpo_tiny_cpu", [f"trainer.output_dir={out}", f"model.path={tmp_path / 'a'}",
+                                                *overrides])
+        try:
+            check_resumable(ckpt, cfg, plan_placement(cfg))
+        except UserError as err:
+            return str(err)
+        return None
+
+    assert problem() is None
+    assert "trainer.seed 1234 -> 7" in problem("trainer.seed=7")
+    assert "model.path weights " in problem(f"model.path={tmp_path / 'b'}")
+    (tmp_path / "a").rename(tmp_path / "moved")  # the same weights elsewhere are the same base
+    assert problem(f"model.path={tmp_path / 'moved'}") is None
+
+
+def test_fingerprints_written_before_the_seed_and_weights_fields_still_resume(tmp_path):
+    ckpt = checkpoint_of(tmp_path, "tiny_cpu", 4)
+    record = json.loads((ckpt / FINGERPRINT_FILE).read_text())
+    for key in ("trainer.seed", "model.path weights"):
+        del record["fingerprint"][key]
+    (ckpt / FINGERPRINT_FILE).write_text(json.dumps(record))
+    cfg = load_experiment("tiny_cpu", [f"trainer.output_dir={tmp_path}", "trainer.seed=7"])
+    check_resumable(ckpt, cfg, plan_placement(cfg))
