@@ -7,10 +7,16 @@ its weights through the same HF safetensors path a real checkpoint takes.
 
 The critic and the reward model may name their own model (`critic_model`, `reward_model`): its `path` when
 set, else a random checkpoint of its own shape; with no model of their own they start from the policy's.
+Each stand-in records what it was made for (`STAND_IN_RECORD`) and is made again when that changes: a run
+started over in its directory (`trainer.resume=never`) with another shape or seed trained the old stand-in.
 """
 
 from __future__ import annotations
 
+import json
+import shutil
+from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -45,6 +51,32 @@ def random_hf_checkpoint(model: ModelConfig, out_dir: Path, seed: int, dtype: st
     transformers.AutoModelForCausalLM.from_config(config, dtype=weights_dtype).save_pretrained(out_dir)
 
 
+STAND_IN_RECORD = "hybridflow_stand_in.json"
+
+
+def _made_for(out_dir: Path, inputs: dict) -> bool:
+    """Whether `out_dir` holds a stand-in made from exactly `inputs`."""
+    try:
+        return json.loads((out_dir / STAND_IN_RECORD).read_text()) == inputs
+    except (OSError, ValueError):
+        return False
+
+
+def _stand_in(out_dir: Path, inputs: dict, make: Callable[[Path], object]) -> None:
+    """`make(out_dir)` unless `out_dir` already holds the stand-in of these `inputs` (JSON values)."""
+    inputs = json.loads(json.dumps(inputs, default=str))
+    if _made_for(out_dir, inputs):
+        return
+    shutil.rmtree(out_dir, ignore_errors=True)  # ours (a run directory's stand-in), made for other inputs
+    make(out_dir)
+    (out_dir / STAND_IN_RECORD).write_text(json.dumps(inputs))
+
+
+def _random_model(model: ModelConfig, out_dir: Path, seed: int) -> None:
+    _stand_in(out_dir, {"model": asdict(model), "seed": seed},
+              lambda d: random_hf_checkpoint(model, d, seed))
+
+
 def role_model_dirs(cfg: ExperimentConfig, work_dir: Path, hf_dir: str) -> dict[str, str]:
     """HF checkpoint dir per model role: the policy's `hf_dir` unless the role names its own model."""
     dirs = {role: hf_dir for role in model_roles()}
@@ -62,14 +94,15 @@ def ensure_model_files(cfg: ExperimentConfig, work_dir: Path) -> tuple[str, str]
     tok_dir = Path(cfg.data.tokenizer) if cfg.data.tokenizer else (
         Path(cfg.model.path) if cfg.model.path else work_dir / "tokenizer")
     if dist.get_rank() == 0:
-        if not cfg.model.path and not (hf_dir / "config.json").is_file():
-            random_hf_checkpoint(cfg.model, hf_dir, cfg.trainer.seed)
+        if not cfg.model.path:
+            _random_model(cfg.model, hf_dir, cfg.trainer.seed)
         for role, model_dir in role_model_dirs(cfg, work_dir, str(hf_dir)).items():
             model = cfg.role_model(role)
-            if model is not cfg.model and not model.path and not (Path(model_dir) / "config.json").is_file():
-                random_hf_checkpoint(model, Path(model_dir), cfg.trainer.seed)
-        if not cfg.data.tokenizer and not cfg.model.path and not (tok_dir / "tokenizer.json").is_file():
+            if model is not cfg.model and not model.path:
+                _random_model(model, Path(model_dir), cfg.trainer.seed)
+        if not cfg.data.tokenizer and not cfg.model.path:
             # The preflight checked this tokenizer against model.vocab_size (data.vocabulary.check_run_tokens).
-            build_char_tokenizer(tok_dir, char_alphabet(cfg.data.source))
+            alphabet = char_alphabet(cfg.data.source)
+            _stand_in(tok_dir, {"alphabet": alphabet}, lambda d: build_char_tokenizer(d, alphabet))
     dist.barrier()
     return str(hf_dir), str(tok_dir)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -36,3 +37,30 @@ def test_random_checkpoint_is_written_in_the_model_dtype(tmp_path, dtype, want):
     with safe_open(str(next(tmp_path.glob("*.safetensors"))), "pt") as f:
         dtypes = {f.get_slice(k).get_dtype() for k in f.keys()}
     assert dtypes == {want}
+
+
+def test_stand_ins_are_made_again_for_another_shape_seed_or_task(tmp_path):
+    """Before: an existing init_model/ (or tokenizer/) was reused whatever the config said, so a run started over
+    in its directory with trainer.resume=never and another shape trained the old one (and recorded the new)."""
+    import torch.distributed as dist
+
+    from hybridflow.trainer.model_files import ensure_model_files
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        def made(*overrides: str) -> tuple[dict, str, int]:
+            cfg = load_experiment("tiny_cpu", list(overrides))
+            hf_dir, tok_dir = ensure_model_files(cfg, tmp_path / "run")
+            weights = next(Path(hf_dir).glob("*.safetensors"))
+            return (json.loads((Path(hf_dir) / "config.json").read_text()),
+                    (Path(tok_dir) / "tokenizer.json").read_text(), weights.stat().st_mtime_ns)
+
+        first = made()
+        assert made()[2] == first[2]  # the same inputs: kept, not written again
+        wider = made("model.intermediate_size=512")
+        assert first[0]["intermediate_size"] != 512 == wider[0]["intermediate_size"]
+        assert made("model.intermediate_size=512", "trainer.seed=9")[2] != wider[2]
+        (tmp_path / "own.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n')
+        assert made(f"data.source={tmp_path / 'own.jsonl'}")[1] != first[1]  # printable ASCII, not the tasks' 13
+    finally:
+        dist.destroy_process_group()
