@@ -32,6 +32,7 @@ import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from multiprocessing import util as mp_util
 from typing import Any
 
@@ -40,7 +41,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from hybridflow.launch.lifeline import die_with_parent, watch
-from hybridflow.launch.ports import free_port
+from hybridflow.launch.ports import free_port, store_socket
 from hybridflow.placement import RoleMesh
 from hybridflow.role_records import Role
 from hybridflow.rollout.base import RolloutBatch, RolloutEngine, SamplingParams
@@ -168,6 +169,18 @@ class EngineProcess:
     spawned_at: float  # time.perf_counter() at spawn
 
 
+def join_engine_world(env: Mapping[str, str], backend: str, timeout_s: float) -> None:
+    """Join the engine processes' world. Its rank 0 holds the store, listening on MASTER_ADDR only (loopback
+    when the world is on one host): torch's env:// store listened on every interface, whatever MASTER_ADDR said."""
+    addr, port, rank, size = env["MASTER_ADDR"], int(env["MASTER_PORT"]), int(env["RANK"]), int(env["WORLD_SIZE"])
+    timeout = timedelta(seconds=timeout_s)
+    if rank == 0:  # the store's server owns the descriptor from here on
+        store = dist.TCPStore(addr, port, size, True, timeout, master_listen_fd=store_socket(addr, port).detach())
+    else:
+        store = dist.TCPStore(addr, port, size, False, timeout)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=timeout)
+
+
 def spawn_engine_process(mesh: RoleMesh, device: torch.device, preload: tuple[str, ...] = (),
                          timeout_s: float = 1800.0, env_defaults: Mapping[str, str] | None = None,
                          warm: Callable[[], Any] | None = None) -> EngineProcess | None:
@@ -256,7 +269,6 @@ def serve(conn: Any, env: dict[str, str], device_type: str, preload: tuple[str, 
     """The engine process: import `preload`, call `warm`, join the engine world, wait for the engine to build,
     build it, then answer calls until `close` or EOF. A failure before the build is answered when the build is
     asked."""
-    from datetime import timedelta
 
     die_with_parent()  # the training rank started us from its main thread: end with it, even on SIGKILL
     watch(os.getppid())
@@ -277,8 +289,7 @@ def serve(conn: Any, env: dict[str, str], device_type: str, preload: tuple[str, 
             warm()
             took["warm-up"] = time.perf_counter() - start
         start = time.perf_counter()
-        dist.init_process_group("nccl" if cuda else "gloo", init_method="env://", rank=int(env["RANK"]),
-                                world_size=int(env["WORLD_SIZE"]), timeout=timedelta(seconds=timeout_s))
+        join_engine_world(env, "nccl" if cuda else "gloo", timeout_s)
         took["world"] = time.perf_counter() - start
     except Exception:
         failed = traceback.format_exc()

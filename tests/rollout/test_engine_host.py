@@ -348,3 +348,33 @@ def test_vllm_warm_up_inspects_the_checkpoints_architecture_and_never_fails_the_
     monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace(ModelRegistry=_Registry(fail=True)))
     warm_model_info(("Qwen3ForCausalLM",))
     assert "model info was not inspected ahead (AttributeError" in capsys.readouterr().err
+
+
+def _listening_addresses(port: int) -> set[str]:
+    """The local addresses (hex, as /proc/net/tcp{,6} writes them) of sockets listening on `port`."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, hex_port = local.split(":")
+            if state == "0A" and int(hex_port, 16) == port:
+                found.add(address)
+    return found
+
+
+def test_engine_world_store_listens_on_loopback_only(tmp_path):
+    """Before: the engine processes joined their world with env://, whose store listened on every interface
+    although MASTER_ADDR was 127.0.0.1 (servers bind to loopback unless told otherwise)."""
+    import torch.distributed as dist
+
+    from hybridflow.launch.ports import free_port
+    from hybridflow.rollout.engine_host import join_engine_world
+
+    port = free_port()
+    join_engine_world({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1"},
+                      "gloo", 30)
+    try:
+        assert _listening_addresses(port) == {"0100007F"}  # 127.0.0.1, and no wildcard (IPv4 or IPv6) beside it
+        dist.all_reduce(torch.ones(1))  # the world works
+    finally:
+        dist.destroy_process_group()
