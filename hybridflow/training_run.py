@@ -20,7 +20,14 @@ from typing import Any
 from hybridflow.algorithms import check_algorithm
 from hybridflow.config import ExperimentConfig
 from hybridflow.errors import UserError
-from hybridflow.launch import LauncherEnv, LaunchError, LaunchInterrupted, detect_launcher, launch_local
+from hybridflow.launch import (
+    LauncherEnv,
+    LaunchError,
+    LaunchInterrupted,
+    check_store_address,
+    detect_launcher,
+    launch_local,
+)
 from hybridflow.launch.known_warnings import quiet_known_noise
 from hybridflow.launch.output_lock import hold_output_dir
 from hybridflow.placement import Plan, plan_placement
@@ -101,6 +108,9 @@ def _run(cfg: ExperimentConfig, planned: Plan | None, launcher: LauncherEnv | No
         # the data against the checkpoint it goes on from (a finished run trains nothing: nothing to compare)
         goes_on_from = start_from if start_step < cfg.trainer.total_steps else None
         notes = preflight(cfg, plan, goes_on_from) if launcher is None else []
+        trains = start_from is None or start_step < cfg.trainer.total_steps
+        if launcher is None and not plan_only and trains and plan.nodes == 1:
+            check_store_address(cfg.distributed)  # the local launch's store, before anything is written
         if first:  # one run per output directory, until this process ends; taken after the checks (bad input
             hold_output_dir(cfg.trainer.output_dir)  # writes nothing) and before anything is written
         if planned is None:  # checked: the ranks (local, or srun's after --plan-only) load this

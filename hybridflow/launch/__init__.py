@@ -11,7 +11,13 @@ from hybridflow.launch.environment import (
     slurm_hostnames,
     worker_env,
 )
-from hybridflow.launch.local import LaunchError, LaunchInterrupted, launch_local, launch_ranks
+from hybridflow.launch.local import (
+    LaunchError,
+    LaunchInterrupted,
+    check_store_address,
+    launch_local,
+    launch_ranks,
+)
 from hybridflow.launch.ports import free_port, port_is_free
 from hybridflow.launch.process_group import init_distributed, resolve_backend
 
@@ -20,6 +26,7 @@ __all__ = [
     "LaunchInterrupted",
     "LauncherEnv",
     "check_node_mapping",
+    "check_store_address",
     "detect_launcher",
     "free_port",
     "init_distributed",

@@ -177,6 +177,12 @@ def _listen_for_store(dist_cfg: DistributedConfig) -> socket.socket:
                         "single-node run)") from None
 
 
+def check_store_address(dist_cfg: DistributedConfig) -> None:
+    """Refuse, as the launch would, an address or port the store cannot listen on: called before a run writes
+    anything (its lock, plan.json, moving a previous run aside), so a refusal leaves the directory as it was."""
+    _listen_for_store(dist_cfg).close()
+
+
 def launch_ranks(nproc: int, entrypoint: Callable[..., Any] | str, args: Sequence[Any],
                  dist_cfg: DistributedConfig, log_dir: str | os.PathLike[str], devices: str, *,
                  run_id: str | None = None, stop_grace_s: int = 10, start_method: str | None = None,

@@ -152,3 +152,23 @@ def test_fingerprints_written_before_the_seed_and_weights_fields_still_resume(tm
     (ckpt / FINGERPRINT_FILE).write_text(json.dumps(record))
     cfg = load_experiment("tiny_cpu", [f"trainer.output_dir={tmp_path}", "trainer.seed=7"])
     check_resumable(ckpt, cfg, plan_placement(cfg))
+
+
+def test_a_busy_port_is_refused_before_the_previous_run_is_moved_aside(tmp_path, capsys):
+    """Before: the run took its lock, wrote plan.json and moved the previous run's checkpoints to previous/, then
+    the launch found the port in use: a retry with resume=auto started from scratch."""
+    import socket
+
+    checkpoint_of(tmp_path, "tiny_cpu", 4)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(SystemExit) as exit_:
+            main(["+experiment=tiny_cpu", f"trainer.output_dir={tmp_path}", "trainer.resume=never",
+                  f"distributed.master_port={port}"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: distributed.master_port: port {port} is in use")
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # nothing written or moved
