@@ -3,7 +3,8 @@ the engine choice or auto search that led to it, the rollout's stop ids and the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from hybridflow.algorithms import check_algorithm
@@ -16,6 +17,7 @@ from hybridflow.placement.auto.explain import Explanation, overlap_text
 from hybridflow.placement.auto.from_config import plan_candidate
 from hybridflow.placement.engine_choice import EngineChoice, choose_engine
 from hybridflow.placement.report import format_plan
+from hybridflow.training_run import checks_before_launch
 
 
 @dataclass
@@ -30,6 +32,7 @@ class PlanReport:
     explanation: Explanation | None = None  # the auto search's (placement.mode=auto, rollout.engine=auto)
     choice: EngineChoice | None = None  # rollout.engine=auto: every engine planned, the faster kept
     overlap: Any = None  # the one-step-off prediction of an explicit plan, when it has one
+    notes: list[str] = field(default_factory=list)  # the run's checks' notes (prompts dropped, data not here)
 
     def format(self) -> str:
         """The text `python -m hybridflow.plan` prints."""
@@ -47,7 +50,7 @@ class PlanReport:
                          f"{cfg.cluster.gpu_type})")
             if self.overlap is not None:
                 lines.append(f"  one step off (trainer.rollout_lag=1): {overlap_text(self.overlap)}")
-        return "\n".join(lines)
+        return "\n".join(lines + self.notes)
 
     def _stop_line(self) -> str:
         """Where sampling stops; with `rollout.environment`, a limit is per assistant turn, not per response."""
@@ -81,8 +84,22 @@ def plan_report(cfg: ExperimentConfig) -> PlanReport:
     else:
         plan = plan_placement(cfg)
     stops = list(check_run_tokens(cfg).stop_token_ids)  # the tokenizer against model.vocab_size, the stop ids
+    # The run's own checks (resume; data, tokenizer, reward), so that the run refuses nothing the planner accepted.
+    # A dataset file not there yet (the 8B configs' prompts.jsonl) is said, not refused: a layout plans without it.
+    absent = _absent_data(cfg)
+    notes = checks_before_launch(cfg, plan, data=not absent)[1] + absent
     if explanation is not None:
-        return PlanReport(cfg, plan, stops, dict(explanation.stage_s), explanation.total_s, explanation, choice)
+        return PlanReport(cfg, plan, stops, dict(explanation.stage_s), explanation.total_s, explanation, choice,
+                          notes=notes)
     predicted = plan_candidate(cfg, plan)
     return PlanReport(cfg, plan, stops, dict(predicted.stage_times), predicted.total, choice=choice,
-                      overlap=predicted.overlap)
+                      overlap=predicted.overlap, notes=notes)
+
+
+def _absent_data(cfg: ExperimentConfig) -> list[str]:
+    """A note for each dataset file the config names that is not on this machine (none: every one is here)."""
+    d = cfg.data
+    files = {"data.source": d.source, **({"data.val_source": d.val_source} if d.val_source else {})}
+    return [f"note: {field} {path!r} is not here; the data, tokenizer and reward were not checked (the run checks "
+            "them before it starts)" for field, path in files.items()
+            if not path.startswith("builtin:") and not Path(path).exists()]

@@ -86,6 +86,20 @@ def run_planned(cfg: ExperimentConfig, plan: Plan, plan_file: Path) -> RunResult
     return _run(cfg, plan, detect_launcher(), False, plan_file)
 
 
+def checks_before_launch(cfg: ExperimentConfig, plan: Plan, data: bool = True) -> tuple[Path | None, list[str]]:
+    """What the run checks before anything is written, bar this machine's GPUs (the planner runs it too): the
+    checkpoint it goes on from (`trainer.resume`) and that it is of this run, then (`data`) the data, tokenizer and
+    reward against it. Returns (that checkpoint or None, notes for the user)."""
+    start_from = resume.resume_point(cfg)
+    if start_from is not None:
+        resume.check_resumable(start_from, cfg, plan)
+    if not data:
+        return start_from, []
+    # the data against the checkpoint it goes on from (a finished run trains nothing: nothing to compare)
+    trains = start_from is not None and resume.checkpoint_step(start_from) < cfg.trainer.total_steps
+    return start_from, preflight(cfg, plan, start_from if trains else None)
+
+
 def _run(cfg: ExperimentConfig, planned: Plan | None, launcher: LauncherEnv | None, plan_only: bool,
          plan_file: Path) -> RunResult:
     """`planned`: the plan read from `plan_file` (None: plan `cfg` here and write it there); `launcher`: the
@@ -95,19 +109,18 @@ def _run(cfg: ExperimentConfig, planned: Plan | None, launcher: LauncherEnv | No
     start_step, offset = 0, 0
     try:
         check_algorithm(cfg)
-        start_from = resume.resume_point(cfg)
         if launcher is None:
             plan = planned or plan_placement(cfg)
+            check_devices(cfg, plan)
+            start_from, notes = checks_before_launch(cfg, plan)
         else:  # a rank of torchrun/srun: the `--plan-only` step planned and checked the data already
             assert planned is not None
             plan = planned
             check_devices(cfg, plan)
-        if start_from is not None:
-            resume.check_resumable(start_from, cfg, plan)
-            start_step = resume.checkpoint_step(start_from)
-        # the data against the checkpoint it goes on from (a finished run trains nothing: nothing to compare)
-        goes_on_from = start_from if start_step < cfg.trainer.total_steps else None
-        notes = preflight(cfg, plan, goes_on_from) if launcher is None else []
+            start_from, notes = resume.resume_point(cfg), []
+            if start_from is not None:
+                resume.check_resumable(start_from, cfg, plan)
+        start_step = resume.checkpoint_step(start_from) if start_from is not None else 0
         trains = start_from is None or start_step < cfg.trainer.total_steps
         if launcher is None and not plan_only and trains and plan.nodes == 1:
             check_store_address(cfg.distributed)  # the local launch's store, before anything is written
@@ -124,6 +137,8 @@ def _run(cfg: ExperimentConfig, planned: Plan | None, launcher: LauncherEnv | No
                   f"  output: {out.resolve()}", *notes, sep="\n", flush=True)
             if start_from is not None:
                 print(f"  {resume.resumed_line(start_from)}", flush=True)
+                if (newer := resume.set_aside_newer(cfg, start_from)) is not None:
+                    print(f"  the checkpoints past it are in {newer}", flush=True)
             previous = resume.set_aside_previous(cfg)
             if previous is not None:
                 print(f"  starting over (trainer.resume=never): the previous run's checkpoints and metrics "

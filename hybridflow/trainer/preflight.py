@@ -75,14 +75,14 @@ def _on_card(cfg: ExperimentConfig, plan: Plan, rank: int, total_bytes: int) -> 
 
 
 def preflight(cfg: ExperimentConfig, plan: Plan, resume_from: Path | None = None) -> list[str]:
-    """Devices, data, tokenizer (against the model's vocabulary), prompt lengths and the reward function are
-    usable, and a checkpoint to resume (`resume_from`) was of as many prompts; raises UserError naming the field.
-    Returns notes for the user (over-long prompts dropped).
+    """Data, tokenizer (against the model's vocabulary), prompt lengths and the reward function are usable, and a
+    checkpoint to resume (`resume_from`) was of as many prompts; raises UserError naming the field. Returns notes
+    for the user (over-long prompts dropped). Needs no GPU (`check_devices` checks this machine's): the planner
+    runs it too, so what it accepts the run does not refuse later.
 
     The prompts go through the same loader the ranks build (chat template, `data.overlong_prompts`, batch
     size), so a dataset the ranks would refuse is refused here, before the output directory exists.
     """
-    check_devices(cfg, plan)
     dataset = load_prompt_dataset(cfg.data.source, cfg.data.prompt_key, seed=cfg.trainer.seed)
     tokenizer = check_run_tokens(cfg).tokenizer
     d = cfg.data

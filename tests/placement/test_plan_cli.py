@@ -53,6 +53,9 @@ def test_subprocess_default_experiment_writes_plan_json_in_cwd(tmp_path):
             ],
             "error: cluster.gpu_memory_gib: GPU 0 (node 0) needs",
         ),
+        # the run's own checks before launching, which the planner skipped (it accepted these; the run refused)
+        (["+experiment=grpo_tiny_cpu", "reward.fn=nomod:fn"], "error: reward.fn: cannot import module 'nomod'"),
+        (["+experiment=tiny_cpu", "trainer.resume=nodir"], "error: trainer.resume: 'nodir' is not a checkpoint"),
     ],
 )
 def test_subprocess_bad_input_is_one_line_exit_2(tmp_path, args, message):
@@ -64,7 +67,8 @@ def test_subprocess_bad_input_is_one_line_exit_2(tmp_path, args, message):
     assert not (tmp_path / "plan.json").exists()
 
 
-def test_in_process_out_flag_and_overrides(tmp_path, capsys):
+def test_in_process_out_flag_and_overrides(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     out = tmp_path / "sub" / "p.json"
     assert plan.main(["+experiment=ppo_llama3_8b", "roles.rollout.parallel.tp=4", "--out", str(out)]) == 0
     data = json.loads(out.read_text())
@@ -72,6 +76,7 @@ def test_in_process_out_flag_and_overrides(tmp_path, capsys):
     assert len(data["memory"]) == 8 and data["capacity_bytes"] == 80 * 2**30
     text = capsys.readouterr().out
     assert "rollout  gpus 0-3" in text and "colocation sets: {actor, ref, rollout}  {critic}  {reward}" in text
+    assert "note: data.source 'prompts.jsonl' is not here; the data, tokenizer and reward were not checked" in text
 
 
 def test_in_process_bad_input_exits_2(tmp_path, capsys):
@@ -83,7 +88,8 @@ def test_in_process_bad_input_exits_2(tmp_path, capsys):
     assert not out.exists()
 
 
-def test_cli_dispatches_plan(tmp_path, capsys):
+def test_cli_dispatches_plan(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the default trainer.output_dir, runs/NAME, is checked for checkpoints to resume
     assert cli.main(["plan", "+experiment=grpo_tiny_cpu", "--out", str(tmp_path / "p.json")]) == 0
     assert "experiment: grpo_tiny_cpu" in capsys.readouterr().out
     assert cli.main(["nonsense"]) == 2
