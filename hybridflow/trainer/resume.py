@@ -101,6 +101,23 @@ def set_aside_previous(cfg: ExperimentConfig) -> Path | None:
     return dest
 
 
+def set_aside_newer(cfg: ExperimentConfig, start_from: Path) -> Path | None:
+    """A run resuming an older checkpoint of its own directory (`trainer.resume=DIR`): move the checkpoints past
+    it to `previous/<UTC time>/checkpoints/` (nothing is deleted), so that a later `auto` resume goes on from this
+    run's steps, not from the abandoned ones. Returns where they went (None: nothing)."""
+    root = Path(cfg.trainer.output_dir) / "checkpoints"
+    if start_from.parent.resolve() != root.resolve():
+        return None
+    newer = [p for p in root.glob("step_*") if p.is_dir() and p.name > start_from.name]
+    if not newer:
+        return None
+    dest = Path(cfg.trainer.output_dir) / "previous" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) / "checkpoints"
+    dest.mkdir(parents=True)
+    for path in newer:
+        path.rename(dest / path.name)
+    return dest.parent
+
+
 def checkpoint_step(path: Path) -> int:
     """The RL step a checkpoint was written after (its fingerprint says; older ones: the directory name)."""
     record = path / FINGERPRINT_FILE

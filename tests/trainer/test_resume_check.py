@@ -17,6 +17,7 @@ from hybridflow.trainer.resume import (
     check_resumable,
     checkpoint_step,
     resume_point,
+    set_aside_newer,
     set_aside_previous,
 )
 from tests.trainer.checkpoint_dirs import checkpoint_of
@@ -172,3 +173,18 @@ def test_a_busy_port_is_refused_before_the_previous_run_is_moved_aside(tmp_path,
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: distributed.master_port: port {port} is in use")
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # nothing written or moved
+
+
+def test_resuming_an_older_checkpoint_sets_the_newer_ones_aside(tmp_path):
+    """Before: they stayed, and a later auto resume went on from the abandoned run's newest step."""
+    old = checkpoint_of(tmp_path, "tiny_cpu", 1)
+    newer = checkpoint_of(tmp_path, "tiny_cpu", 3)
+    cfg = load_experiment("tiny_cpu", [f"trainer.output_dir={tmp_path}", f"trainer.resume={old}",
+                                       "trainer.total_steps=2"])
+    assert set_aside_newer(cfg, resume_point(cfg)) is not None
+    assert not newer.exists() and old.is_dir()
+    assert resume_point(load_experiment("tiny_cpu", [f"trainer.output_dir={tmp_path}"])) == old
+    elsewhere = checkpoint_of(tmp_path / "other", "tiny_cpu", 1)  # another directory's checkpoints stay
+    checkpoint_of(tmp_path / "other", "tiny_cpu", 2)
+    other = load_experiment("tiny_cpu", [f"trainer.output_dir={tmp_path}", f"trainer.resume={elsewhere}"])
+    assert set_aside_newer(other, elsewhere) is None
