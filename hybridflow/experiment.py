@@ -25,7 +25,7 @@ from typing import Any
 
 from hybridflow.config import DEFAULT_EXPERIMENT, ExperimentConfig
 from hybridflow.config.experiment_file import searchpath_override
-from hybridflow.config.overrides import changed_overrides
+from hybridflow.config.overrides import ABSENT, changed_fields, hydra_value, override, plain, value_at
 from hybridflow.errors import UserError
 from hybridflow.plan_report import PlanReport, plan_report
 from hybridflow.resolve import resolve_experiment
@@ -46,6 +46,9 @@ class Experiment:
              config_dir: str | os.PathLike[str] | None = None) -> Experiment:
         """Compose `experiment`: a built-in name (conf/experiment/, or `config_dir`'s experiment/ folder) or the
         path of a .yaml file (relative to the working directory); `overrides` in Hydra's `key=value` form."""
+        if isinstance(overrides, str):
+            raise UserError(f"overrides: {overrides!r} is one string; give a list of key=value strings, "
+                            f"e.g. [{overrides!r}]")
         source = os.fspath(experiment) if experiment is not None else None
         if source is not None and (isinstance(experiment, os.PathLike) or source.endswith((".yaml", ".yml"))):
             source = str(Path(source).expanduser().resolve())
@@ -59,19 +62,22 @@ class Experiment:
         return cls(source, overrides, cfg, copy.deepcopy(cfg))
 
     def resolved_overrides(self) -> list[str]:
-        """The overrides that compose `config` as it is now (the loaded ones plus what Python changed), checked
-        by composing them: a change that does not survive (a field derived from another) is refused."""
+        """The overrides that compose `config` as it is now: the loaded ones plus one per field Python changed
+        since loading, checked by composing them. Fields derived from the changed ones are derived again; a
+        changed field that composing sets otherwise (one derived from others) is refused."""
         if callable(self.config.reward.fn):
             self.config.reward.fn = reward_fn_path(self.config.reward.fn)
-        changes = changed_overrides(self._loaded, self.config)
+        changes = changed_fields(self._loaded, self.config)
         if not changes:
             return list(self.overrides)
-        overrides = [*self.overrides, *changes]
+        overrides = [*self.overrides, *(override(*change) for change in changes)]
         again = resolve_experiment(self.source, overrides)
-        for key in changed_overrides(again, self.config):
-            name = key.split("=", 1)[0]
-            raise UserError(f"{name}: the value set in Python does not survive composing the experiment again "
-                            f"(it is derived from other fields, now {key.split('=', 1)[1]}); change those instead")
+        for key, _, value in changes:
+            now = value_at(again, key)
+            if plain(now) != plain(value):
+                now = "absent" if now is ABSENT else hydra_value(now)
+                raise UserError(f"{key}: the value set in Python does not survive composing the experiment again "
+                                f"(it is derived from other fields, now {now}); change those instead")
         self.config, self._loaded, self.overrides = again, copy.deepcopy(again), overrides
         return overrides
 

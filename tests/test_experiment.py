@@ -108,6 +108,54 @@ def test_a_change_python_cannot_carry_to_the_ranks_is_refused(user_file):
         experiment.resolved_overrides()
 
 
+def setting(path, value):
+    """`experiment.config.<path> = value` as a function of the config."""
+    def apply(config):
+        *parents, name = path.split(".")
+        for part in parents:
+            config = getattr(config, part)
+        setattr(config, name, value)
+    return apply
+
+
+@pytest.mark.parametrize("path, value, overrides", [
+    # each change also moves a field derived from it: the ref's mesh and micro-batches (the actor's),
+    # gpu_memory_gib (gpu_type's), output_dir (name's); those are derived again, not refused
+    ("roles.actor.parallel.tp", 1, ["roles.actor.parallel.tp=1"]),
+    ("roles.actor.micro_batch_size", 4, ["roles.actor.micro_batch_size=4"]),
+    ("roles.actor.forward_max_tokens", 0, ["roles.actor.forward_max_tokens=0"]),
+    ("cluster.gpu_type", "H100", ["cluster.gpu_type='H100'"]),
+    ("name", "x", ["name='x'"]),
+    ("rollout.stop_token_ids", (2,), ["rollout.stop_token_ids=[2]"]),  # a tuple is the list it composes to
+    ("rollout.engine_args", {"max_num_seqs": 4}, ["+rollout.engine_args.max_num_seqs=4"]),  # a new key of a map
+    ("placement.resources", {"actor": [0], "ref": ["all"], "rollout": ["all"]},
+     ["placement.resources.actor=[0]", "~placement.resources.critic", "~placement.resources.reward"]),
+])
+def test_python_changes_compose_and_fields_derived_from_them_follow(path, value, overrides):
+    experiment = Experiment.load("grpo_tiny_cpu")
+    setting(path, value)(experiment.config)
+    assert experiment.command() == ["+experiment=grpo_tiny_cpu", *overrides]
+    again = Experiment.load("grpo_tiny_cpu", overrides).config
+    assert experiment.config == again  # derived fields followed, as on the command line
+
+
+@pytest.mark.parametrize("path, value, message", [
+    ("trainer.total_steps", "4", r"^trainer.total_steps: '4' is a str; the field takes int"),
+    ("trainer.total_stepz", 3, r"^trainer.total_stepz: unknown field; did you mean trainer.total_steps\?"),
+])
+def test_a_bad_python_change_is_one_line_naming_the_field(path, value, message):
+    experiment = Experiment.load("grpo_tiny_cpu")
+    setting(path, value)(experiment.config)
+    with pytest.raises(UserError, match=message) as err:
+        experiment.command()
+    assert "\n" not in str(err.value)
+
+
+def test_overrides_given_as_one_string_are_refused():
+    with pytest.raises(UserError, match=r"^overrides: .*a list"):
+        Experiment.load("grpo_tiny_cpu", "trainer.total_steps=3")
+
+
 def nested_reward():
     def closure(batch):
         return [0.0] * len(batch)
