@@ -231,7 +231,8 @@ class RLStep:
     def _actor_loss(self, temperature: float):
         alg, actor = self.cfg.algorithm, self.roles[Role.ACTOR]
         cfg = ActorLossConfig(policy=self.algorithm.policy_loss, entropy_coef=alg.entropy_coef,
-                              kl_loss_coef=alg.kl_coef if self._kl_loss else 0.0,
+                              # the controller's coefficient: an adaptive one moves it (the config's is its start)
+                              kl_loss_coef=float(self.kl_ctl.value) if self._kl_loss else 0.0,
                               kl_loss_estimator=alg.kl_loss_estimator)
 
         def fn(logits, mb, scale):

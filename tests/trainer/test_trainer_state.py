@@ -41,3 +41,19 @@ def test_a_checkpoint_without_a_landed_batch_resumes_with_none():
     state = {k: v for k, v in _trained(0).state_dict().items() if k != "ready"}  # written before lag 1 existed
     t.load_state_dict(state)
     assert t.ready is None and t.steps_done == 5
+
+
+def test_the_actor_loss_takes_the_adaptive_controllers_coefficient(monkeypatch):
+    """Before: the KL loss term used algorithm.kl_coef whatever the controller did (the logged kl_coef moved, the
+    gradients did not)."""
+    import hybridflow.trainer.rl_step as rl_step
+    from hybridflow.role_records import Role
+
+    seen: dict = {}
+    monkeypatch.setattr(rl_step, "ActorLossConfig", lambda **kw: seen.update(kw))
+    ctl = AdaptiveKLController(0.2, 6.0, 100)
+    ctl.update(9.0, 64)
+    t = trainer("algorithm.kl_controller=adaptive", "algorithm.kl_coef=0.2", "algorithm.kl_in_reward=false",
+                kl_ctl=ctl, roles={Role.ACTOR: None}, meshes={Role.REF: None})
+    t._actor_loss(1.0)
+    assert seen["kl_loss_coef"] == ctl.value != 0.2
