@@ -44,6 +44,7 @@ class AlgorithmRecord:
     groups: bool  # compares the n samples of a prompt: rollout.n_samples_per_prompt >= 2
     loss_agg_modes: tuple[str, ...] = LOSS_AGG_MODES  # the aggregations the algorithm is defined with
     shapes_overlong: bool = False  # reads algorithm.overlong_buffer
+    dual_clip: bool = True  # reads algorithm.clip_ratio_c (a per-token clip; GSPO's is per sequence)
 
 
 def with_reward_side(cfg: ExperimentConfig, estimator: AdvantageEstimator, policy_loss: PolicyLoss,

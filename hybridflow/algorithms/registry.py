@@ -57,6 +57,16 @@ def check_algorithm(cfg: ExperimentConfig) -> AlgorithmRecord:
         shapers = [n for n in registered_algorithms() if algorithm_record(n).shapes_overlong]
         raise UserError(f"algorithm.overlong_buffer: {name} does not shape over-long rewards ({', '.join(shapers)} "
                         f"does); set it to 0 or algorithm={shapers[0]}")
+    if alg.clip_ratio_c is not None and not record.dual_clip:
+        raise UserError(f"algorithm.clip_ratio_c: {name} clips a ratio per sequence, and the dual clip is per token "
+                        "(it would be ignored); set algorithm.clip_ratio_c=null")
+    if alg.overlong_buffer and cfg.rollout.environment is not None:
+        raise UserError(f"algorithm.overlong_buffer: with rollout.environment a trajectory holds several assistant "
+                        f"turns, each up to rollout.max_new_tokens={cfg.rollout.max_new_tokens}, and the penalty "
+                        "would count them all against that one limit; set algorithm.overlong_buffer=0")
+    if alg.kl_coef > 0 and not cfg.roles.ref.enabled:
+        raise UserError(f"algorithm.kl_coef: {alg.kl_coef} needs the reference's log-probs and roles.ref.enabled "
+                        "is false (the KL term would be left out); set algorithm.kl_coef=0 or roles.ref.enabled=true")
     if alg.old_logprobs == Role.ROLLOUT and alg.tis_cap:
         raise UserError("algorithm.tis_cap: with algorithm.old_logprobs=rollout pi_old is the rollout's own "
                         "log-probs, so every weight min(pi_old / pi_rollout, cap) would be 1; set tis_cap=0 or "

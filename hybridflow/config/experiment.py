@@ -240,7 +240,8 @@ def _check_lora(roles: RolesConfig) -> None:
         if ref is not None and ref != actor:  # an unset dp: the ref's GPUs (the actor's, checked in the plan)
             raise UserError(f"roles.ref.parallel.{name}: {ref} differs from roles.actor.parallel.{name}={actor}; "
                             "with roles.actor.lora the reference is the actor's model with its adapters off, so "
-                            f"set roles.ref.parallel.{name}={actor} (or roles.ref.enabled=false)")
+                            f"set roles.ref.parallel.{name}={actor} (or roles.ref.enabled=false with "
+                            "algorithm.kl_coef=0)")
 
 
 def _check_overlong_and_reward(cfg: ExperimentConfig) -> None:

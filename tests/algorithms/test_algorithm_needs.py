@@ -24,6 +24,12 @@ from hybridflow.errors import UserError
     ("grpo_tiny_cpu", ["algorithm.overlong_buffer=2"], r"^algorithm\.overlong_buffer: grpo does not shape "),
     ("dapo_tiny_cpu", ["algorithm.overlong_buffer=9"],
      r"^algorithm\.overlong_buffer: 9 exceeds rollout\.max_new_tokens=8; "),  # config's own check, at load
+    # accepted and then silently not applied (a review of stop 57): the dual clip under GSPO, the over-long
+    # penalty over a multi-turn trajectory, the KL term without a reference
+    ("gspo_tiny_cpu", ["algorithm.clip_ratio_c=3"], r"^algorithm\.clip_ratio_c: gspo clips a ratio per sequence"),
+    ("dapo_tiny_cpu", ["rollout.environment=calculator", "algorithm.overlong_buffer=2"],
+     r"^algorithm\.overlong_buffer: with rollout\.environment a trajectory holds several assistant turns"),
+    ("grpo_tiny_cpu", ["roles.ref.enabled=false"], r"^algorithm\.kl_coef: 0\.01 needs the reference's log-probs"),
     ("tiny_cpu", ["algorithm.name=a2c"],
      r"^algorithm\.name: 'a2c' is unknown; use one of dapo, dr_grpo, grpo, gspo, ppo, "),
 ])

@@ -15,4 +15,4 @@ def build(cfg: ExperimentConfig) -> Algorithm:
 
 
 ALGORITHM = register_algorithm(AlgorithmRecord("gspo", build, critic=False, groups=True,
-                                               loss_agg_modes=("seq-mean-token-mean",)))
+                                               loss_agg_modes=("seq-mean-token-mean",), dual_clip=False))
