@@ -90,6 +90,8 @@ class RoleOptimizer:
     optimizer: MegatronOptimizer
     scheduler: OptimizerParamScheduler
     ddp_chunks: Sequence[DistributedDataParallel] = ()
+    # Steps taken while held (a supervised warm-up at its own lr) leave the schedule where it is.
+    schedule_held: bool = False
 
     def zero_grad(self) -> None:
         """Zero the grads and the DDP grad buffers before a new accumulation.
@@ -105,7 +107,8 @@ class RoleOptimizer:
     def step(self) -> dict[str, float]:
         """Clip, update, advance the schedule; returns {"grad_norm" (pre-clip), "lr", "update_successful"}."""
         update_successful, grad_norm, _ = self.optimizer.step()
-        self.scheduler.step(1)
+        if not self.schedule_held:
+            self.scheduler.step(1)
         return {
             "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
             "lr": self.optimizer.param_groups[0]["lr"],

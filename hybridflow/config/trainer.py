@@ -17,7 +17,8 @@ class TrainerConfig:
     lr: float = bounded(1e-6, gt=0, lt=1)
     critic_lr: float | None = bounded(None, gt=0, lt=1)  # None = lr
     # The lr schedule of the trained roles (megatron's OptimizerParamScheduler), counted in optimizer steps
-    # (ppo_epochs x mini-batches per RL step; the supervised warm-up's steps count too): a linear warm-up from 0
+    # (ppo_epochs x mini-batches per RL step; the supervised warm-up runs at a constant sft_lr outside it): a linear
+    # warm-up from 0
     # over lr_warmup_steps, then `lr_decay_style` from lr (critic_lr) down to min_lr at lr_decay_steps
     # (None = the RL run's optimizer steps). The default is a constant lr.
     lr_warmup_steps: int = bounded(0, ge=0)

@@ -134,21 +134,20 @@ class ModelRole:
 
     @contextmanager
     def learning_rate(self, lr: float) -> Iterator[None]:
-        """Train at `lr` inside the block (the supervised warm-up), then return to the configured schedule.
-
-        megatron's scheduler reads each param group's own `max_lr`, so that is what is swapped.
-        """
+        """Train at a constant `lr` inside the block (the supervised warm-up), then go on with the configured
+        schedule where it was: the block's steps do not advance it (they used up a decay meant for the RL run,
+        which then trained at lr 0, and a warm-up of the lr)."""
         groups = self.optimizer.optimizer.param_groups
-        saved = [(g["lr"], g.get("max_lr")) for g in groups]
+        saved = [g["lr"] for g in groups]
         for g in groups:
-            g["lr"] = g["max_lr"] = lr
+            g["lr"] = lr
+        self.optimizer.schedule_held = True
         try:
             yield
         finally:
-            for g, (old_lr, old_max) in zip(groups, saved, strict=True):
-                g["lr"], g["max_lr"] = old_lr, old_max
-                if old_max is None:
-                    del g["max_lr"]
+            self.optimizer.schedule_held = False
+            for g, old_lr in zip(groups, saved, strict=True):
+                g["lr"] = old_lr
 
     @property
     def dp_rank(self) -> int:
