@@ -131,7 +131,7 @@ def _shape(model: ModelConfig, prefix: str) -> dict[str, Any]:
 
 
 # Fingerprint fields added after checkpoints were first written: a checkpoint without one is not compared on it.
-ADDED_LATER = ("trainer.seed", "model.path weights")
+ADDED_LATER = ("trainer.seed", "model.path weights", "trainer.warmup_sft_steps > 0")
 DIGEST_SAMPLES, DIGEST_SAMPLE_BYTES = 16, 1 << 16
 
 
@@ -171,6 +171,9 @@ def fingerprint(cfg: ExperimentConfig, plan: Plan) -> dict[str, Any]:
     # saved position would walk another order over other rows
     record["trainer.seed"] = cfg.trainer.seed
     record["model.path weights"] = weights_digest(cfg.model.path) if cfg.model.path else "stand-in (shape, seed)"
+    # whether the reference is the warm-up's SFT model (a resume loads it only when warming up: resumed with 0,
+    # the reference was silently the untrained model)
+    record["trainer.warmup_sft_steps > 0"] = cfg.trainer.warmup_sft_steps > 0
     return record
 
 

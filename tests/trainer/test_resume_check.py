@@ -140,6 +140,9 @@ def test_another_seed_or_other_base_weights_are_refused(tmp_path):
 
     assert problem() is None
     assert "trainer.seed 1234 -> 7" in problem("trainer.seed=7")
+    # the reference is the warm-up's SFT model; resumed without the warm-up it was the untrained one
+    assert "trainer.warmup_sft_steps > 0 True -> False" in problem("trainer.warmup_sft_steps=0")
+    assert problem("trainer.warmup_sft_steps=3") is None  # how many does not matter once warmed up
     assert "model.path weights " in problem(f"model.path={tmp_path / 'b'}")
     (tmp_path / "a").rename(tmp_path / "moved")  # the same weights elsewhere are the same base
     assert problem(f"model.path={tmp_path / 'moved'}") is None
@@ -148,7 +151,7 @@ def test_another_seed_or_other_base_weights_are_refused(tmp_path):
 def test_fingerprints_written_before_the_seed_and_weights_fields_still_resume(tmp_path):
     ckpt = checkpoint_of(tmp_path, "tiny_cpu", 4)
     record = json.loads((ckpt / FINGERPRINT_FILE).read_text())
-    for key in ("trainer.seed", "model.path weights"):
+    for key in ("trainer.seed", "model.path weights", "trainer.warmup_sft_steps > 0"):
         del record["fingerprint"][key]
     (ckpt / FINGERPRINT_FILE).write_text(json.dumps(record))
     cfg = load_experiment("tiny_cpu", [f"trainer.output_dir={tmp_path}", "trainer.seed=7"])
