@@ -3,7 +3,9 @@ so it imports nothing of hybridflow): set the resource limits, install an audit 
 `main.py` of the scratch directory as `__main__`.
 
 The hook refuses, raising PermissionError inside the untrusted code: opening a file for writing (or creating,
-removing, renaming one) outside the scratch directory; starting other programs (whose writes and sockets no
+removing, renaming one) outside the scratch directory; reading a file or listing a directory outside it and the
+interpreter's own library (its import path when the hook goes in: as root with CAP_DAC_READ_SEARCH kept, file
+permissions stop no read); starting other programs (whose writes and sockets no
 Python hook would see); sockets, when `block_sockets` (no network namespace); forks, when `block_forks` (the
 process limit cannot bind a root user). An audit hook is a guard against honest mistakes and model output, not
 a jail: ctypes or a kernel exploit get past it. Limits are set here rather than in a `preexec_fn` because the
@@ -62,16 +64,23 @@ _PATH_EVENTS = {"os.remove": 0, "os.rmdir": 0, "os.mkdir": 0, "os.rename": (0, 1
 _PROGRAM_EVENTS = ("os.exec", "os.posix_spawn", "os.spawn", "os.system", "subprocess.Popen", "pty.spawn")
 
 
+_LIST_EVENTS = ("os.listdir", "os.scandir")
+
+
 def _install_hook(scratch: str, block_sockets: bool, block_forks: bool) -> None:
     realpath, isinstance_, str_, bytes_, fsdecode = os.path.realpath, isinstance, str, bytes, os.fsdecode
+    library = tuple({realpath(p) for p in (*sys.path, sys.prefix, sys.base_prefix, sys.exec_prefix)
+                     if p and os.path.isdir(p)})
 
-    def inside(path: object) -> bool:
+    def inside(path: object, roots: tuple[str, ...] = (scratch,)) -> bool:
         if isinstance_(path, int):  # an already open descriptor: its opening was checked
             return True
         if not isinstance_(path, (str_, bytes_)):
             return False
         resolved = realpath(fsdecode(path))
-        return resolved == scratch or resolved.startswith(scratch + "/")
+        return any(resolved == root or resolved.startswith(root + "/") for root in roots)
+
+    readable = (scratch, *library)
 
     def hook(event: str, args: tuple) -> None:
         if event == "open":
@@ -80,6 +89,10 @@ def _install_hook(scratch: str, block_sockets: bool, block_forks: bool) -> None:
                       or (isinstance_(flags, int) and flags & _WRITE_FLAGS))
             if writes and not inside(path):
                 raise PermissionError(f"sandbox: writing outside the scratch directory is refused: {path!r}")
+            if path is not None and not inside(path, readable):
+                raise PermissionError(f"sandbox: reading outside the scratch directory is refused: {path!r}")
+        elif event in _LIST_EVENTS and not inside(args[0] if args[0] is not None else ".", readable):
+            raise PermissionError(f"sandbox: listing outside the scratch directory is refused: {args[0]!r}")
         elif event in _PATH_EVENTS:
             where = _PATH_EVENTS[event]
             for i in (where if isinstance_(where, tuple) else (where,)):

@@ -82,6 +82,23 @@ def test_writes_outside_scratch_and_other_programs_are_refused(isolation, tmp_pa
 
 
 @pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_reads_outside_scratch_are_refused_and_imports_still_work(isolation, tmp_path):
+    """Before: only writes were guarded, and as root the child kept CAP_DAC_READ_SEARCH, so model code read any file
+    of the machine (/etc/shadow, checkpoints, the dataset's answers)."""
+    secret = tmp_path / "answers.txt"
+    secret.write_text("42")
+    for code, refusal in ((f"print(open({str(secret)!r}).read())", "reading outside the scratch directory"),
+                          ("print(open('/etc/shadow').read())", "reading outside the scratch directory"),
+                          ("import os\nprint(os.listdir('/root'))", "listing outside the scratch directory")):
+        result = _run(code, isolation)
+        assert result.exit_code == 1 and f"PermissionError: sandbox: {refusal}" in result.stderr, (code, result)
+        assert "42" not in result.stdout
+    result = _run("import json, fractions, decimal, statistics\nprint(json.dumps(float(fractions.Fraction(1, 4))))",
+                  isolation)
+    assert result.exit_code == 0 and result.stdout == "0.25\n", result
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
 def test_endless_loop_is_killed_at_the_wall_clock(isolation):
     start = time.monotonic()
     result = _run("while True:\n    pass", isolation, SandboxLimits(wall_s=2, cpu_s=60))
