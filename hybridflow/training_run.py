@@ -121,14 +121,15 @@ def _run(cfg: ExperimentConfig, planned: Plan | None, launcher: LauncherEnv | No
             if start_from is not None:
                 resume.check_resumable(start_from, cfg, plan)
         start_step = resume.checkpoint_step(start_from) if start_from is not None else 0
-        trains = start_from is None or start_step < cfg.trainer.total_steps
-        if launcher is None and not plan_only and trains and plan.nodes == 1:
+        # finished: trained to total_steps and exported (a run killed while exporting launches again to export)
+        complete = start_from is not None and start_step >= cfg.trainer.total_steps and resume.exported(cfg, plan)
+        if launcher is None and not plan_only and not complete and plan.nodes == 1:
             check_store_address(cfg.distributed)  # the local launch's store, before anything is written
         if first:  # one run per output directory, until this process ends; taken after the checks (bad input
             hold_output_dir(cfg.trainer.output_dir)  # writes nothing) and before anything is written
         if planned is None:  # checked: the ranks (local, or srun's after --plan-only) load this
             write_plan(cfg, plan, plan_file)
-        if start_from is not None and start_step >= cfg.trainer.total_steps:
+        if complete:
             if launcher is None:  # the ranks' `--plan-only` step said it
                 print(resume.complete_line(start_from, cfg), flush=True)
             return finished(out)

@@ -20,7 +20,15 @@ from hybridflow.trainer.build import build_run
 from hybridflow.trainer.metrics import MetricsLog
 from hybridflow.trainer.preflight import check_sft_answers
 from hybridflow.trainer.profiling import profiled
-from hybridflow.trainer.resume import SFT_MODEL_DIR, drop_records_after, fingerprint, resume_point, sft_model_dir
+from hybridflow.trainer.resume import (
+    FINAL_ADAPTER,
+    FINAL_HF,
+    SFT_MODEL_DIR,
+    drop_records_after,
+    fingerprint,
+    resume_point,
+    sft_model_dir,
+)
 from hybridflow.trainer.samples import sample_records
 from hybridflow.trainer.validation import Validator
 
@@ -79,6 +87,26 @@ def _resume_reference(trainer, saved: Path, sft_dir: Path) -> None:
         aside.rename(sft_dir)
 
 
+def export_final(trainer, work_dir: Path, hf_dir: str) -> None:
+    """The actor as an HF checkpoint (`FINAL_HF`, merged with any LoRA adapters) and its adapters in PEFT's format
+    (`FINAL_ADAPTER`, if any). Every stage's writer writes into `<name>.partial`; once all have, rank 0 renames it
+    over the old one: a run killed while exporting leaves no directory that looks complete. Collective."""
+    partial = {name: work_dir / f"{name}.partial" for name in (FINAL_HF, FINAL_ADAPTER)}
+    if dist.get_rank() == 0:
+        for path in partial.values():
+            shutil.rmtree(path, ignore_errors=True)
+    dist.barrier()
+    if Role.ACTOR in trainer.roles:
+        trainer.roles[Role.ACTOR].save_hf(partial[FINAL_HF], hf_dir)
+        trainer.roles[Role.ACTOR].save_adapter(partial[FINAL_ADAPTER], hf_dir)
+    dist.barrier()
+    if dist.get_rank() == 0:
+        for name, path in partial.items():
+            if path.is_dir():
+                shutil.rmtree(work_dir / name, ignore_errors=True)
+                path.rename(work_dir / name)
+
+
 def train(cfg: ExperimentConfig, plan: Plan) -> dict[str, float]:
     """Run the experiment on this rank (`cfg` as plan.json carries it: resolved, with the plan's engine);
     returns the last step's metrics."""
@@ -111,7 +139,7 @@ def train(cfg: ExperimentConfig, plan: Plan) -> dict[str, float]:
         warmup(trainer, loader.warmup_loader(), tokenizer, cfg, log, sft_dir, built.hf_dir)
     validator = Validator.build(cfg, tokenizer)
     log_samples = partial(_log_samples, log, tokenizer, cfg, trainer.rollout.sampling.stop_token_ids)
-    if validator is not None and cfg.trainer.val_before_train:
+    if validator is not None and cfg.trainer.val_before_train and start < cfg.trainer.total_steps:
         log.log(start, validator.run(trainer), phase="val")
         log_samples(validator.first_batch, start, "val")
     draw = partial(next_step_batch, loader, tokenizer, cfg)  # a batch filter may draw more prompts
@@ -133,9 +161,7 @@ def train(cfg: ExperimentConfig, plan: Plan) -> dict[str, float]:
         if (every and (step + 1) % every == 0) or (last and cfg.trainer.save_last):
             checkpointing.save(ckpt_root, step + 1, trainer.roles, {
                 "loader": loader.state_dict(), **trainer.state_dict()}, fingerprint(cfg, plan))
-    if Role.ACTOR in trainer.roles:
-        trainer.roles[Role.ACTOR].save_hf(work_dir / "final_hf", built.hf_dir)  # merged, with LoRA adapters
-        trainer.roles[Role.ACTOR].save_adapter(work_dir / "final_adapter", built.hf_dir)  # PEFT's format, if any
+    export_final(trainer, work_dir, built.hf_dir)
     trainer.rollout.close()
     log.close()
     return metrics

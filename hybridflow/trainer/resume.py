@@ -25,6 +25,7 @@ from hybridflow.trainer.checkpoint_record import is_recorded, problem
 FINGERPRINT_FILE = "fingerprint.json"
 METRICS_FILE, SAMPLES_FILE = "metrics.jsonl", "samples.jsonl"  # in trainer.output_dir, written by rank 0
 SFT_MODEL_DIR = "sft_model"  # in trainer.output_dir: the warm-up's result, the reference model
+FINAL_HF, FINAL_ADAPTER = "final_hf", "final_adapter"  # in trainer.output_dir: the actor at the end (trainer/loop.py)
 
 
 def step_dir(root: Path, step: int) -> Path:
@@ -116,6 +117,12 @@ def set_aside_newer(cfg: ExperimentConfig, start_from: Path) -> Path | None:
     for path in newer:
         path.rename(dest / path.name)
     return dest.parent
+
+
+def exported(cfg: ExperimentConfig, plan: Plan) -> bool:
+    """Whether the run's final model is in its output directory (written aside and renamed whole, trainer/loop.py):
+    a run with an actor that was stopped after its last checkpoint, while exporting, has none yet."""
+    return Role.ACTOR not in plan.meshes or (Path(cfg.trainer.output_dir) / FINAL_HF / "config.json").is_file()
 
 
 def checkpoint_step(path: Path) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,6 +28,11 @@ def test_resume_prints_its_checkpoint_and_ctrl_c_prints_one_line(tmp_path):
     again = run(tmp_path, *QUICK, "trainer.total_steps=2")
     assert again.stdout.startswith(f"hybridflow run: tiny_cpu is complete at step 2 (checkpoint {tmp_path}/")
     assert "raise trainer.total_steps" in again.stdout and "done:" not in again.stdout  # nothing trained
+    records = rl_records(tmp_path)
+    shutil.rmtree(tmp_path / "final_hf")  # as a run killed while exporting leaves it (the export is renamed whole)
+    run(tmp_path, *QUICK, "trainer.total_steps=2")  # before: "complete", and final_hf/ never came
+    assert (tmp_path / "final_hf" / "config.json").is_file() and rl_records(tmp_path) == records
+    assert not list(tmp_path.glob("*.partial"))
     grpo = subprocess.run(run_command(tmp_path, "+experiment=grpo_tiny_cpu"), cwd=REPO, capture_output=True,
                           text=True, timeout=300)
     assert grpo.returncode == 2 and len(grpo.stderr.strip().splitlines()) == 1, grpo.stderr[-3000:]
