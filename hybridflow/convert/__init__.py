@@ -38,7 +38,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     to_mcore = sub.add_parser("hf-to-mcore", help="HF model directory -> megatron-core dist checkpoint")
     to_mcore.add_argument("--hf", required=True, help="local HF model directory (config.json + safetensors)")
     to_hf = sub.add_parser("mcore-to-hf", help="megatron-core dist checkpoint -> HF model directory")
-    to_hf.add_argument("--ckpt", required=True, help="dist checkpoint written by hf-to-mcore or training")
+    to_hf.add_argument("--ckpt", required=True,
+                       help="dist checkpoint written by hf-to-mcore (a training run exports its actor as final_hf/)")
     to_vllm = sub.add_parser("mcore-to-vllm", help="megatron-core dist checkpoint (or HF dir) -> vLLM TP shards")
     to_vllm.add_argument("--ckpt", required=True, help="dist checkpoint, or an HF model directory")
     to_vllm.add_argument("--hf-config", default=None, help="HF config dir (default: --ckpt, its hf_config/, parent)")
@@ -89,6 +90,10 @@ def _validate(args: argparse.Namespace):
     else:
         if not (Path(args.ckpt) / "metadata.json").is_file():
             raise ValueError(f"--ckpt: {args.ckpt} is not a megatron dist checkpoint (no metadata.json)")
+        if (Path(args.ckpt) / "fingerprint.json").is_file():  # hybridflow.trainer.resume.FINGERPRINT_FILE
+            raise ValueError(f"--ckpt: {args.ckpt} is a training checkpoint (every role's state); the run exports "
+                             "its actor as final_hf/ in its output directory, and running it again re-exports a "
+                             "missing one")
         hf_config = checkpoint_hf_config(args.ckpt)
     # Architecture and divisibility checks; use_cpu_initialization given so the parent never touches CUDA.
     transformer_config_from_hf(hf_config, tp=args.tp, pp=args.pp, use_cpu_initialization=True)

@@ -78,6 +78,11 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     assert err.startswith("error: --out:")
     err = _exit_line(["mcore-to-hf", "--ckpt", str(tmp_path / "llama"), "--out", str(tmp_path / "o")], capsys)
     assert err.startswith("error: --ckpt:")
+    from tests.trainer.checkpoint_dirs import checkpoint_of
+
+    training = checkpoint_of(tmp_path / "run", "tiny_cpu", 2)  # before: "has no hf_config/", as if not ours
+    err = _exit_line(["mcore-to-hf", "--ckpt", str(training), "--out", str(tmp_path / "o")], capsys)
+    assert err.startswith(f"error: --ckpt: {training} is a training checkpoint") and "final_hf/" in err
 
 
 def test_bad_input_found_inside_a_rank_is_one_line_and_exit_2(tmp_path, capfd):
