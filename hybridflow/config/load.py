@@ -120,13 +120,24 @@ def import_modules(modules: Sequence[str], file: Path | None = None) -> None:
     """Import the user's modules named by `imports` (their import registers algorithms, model families and
     reward functions) in this process: the launcher's and every rank's, before any record is looked up."""
     for name in modules:
+        where = f"{file}: " if file is not None else ""
         try:
             importlib.import_module(name)
         except ImportError as err:
-            where = f"{file}: " if file is not None else ""
             beside = f" or next to {file.name}" if file is not None else ""
             raise UserError(f"{where}imports: {name!r} does not import ({err}); put its package on PYTHONPATH"
                             f"{beside}, or fix the name") from None
+        except Exception as err:  # the module itself fails: a SyntaxError, or its top-level code raises
+            raise UserError(f"{where}imports: {name!r} fails to import ({import_failure(err)}); fix the module"
+                            ) from None
+
+
+def import_failure(err: Exception) -> str:
+    """One line for an exception raised while importing a user's module: its type, message and (for a
+    SyntaxError) file and line, e.g. `SyntaxError at rewards.py:3: invalid syntax`."""
+    if isinstance(err, SyntaxError):
+        return f"{type(err).__name__} at {err.filename}:{err.lineno}: {err.msg}"
+    return " ".join(f"{type(err).__name__}: {err}".split())
 
 
 def search_dirs(overrides: Sequence[str]) -> list[Path]:

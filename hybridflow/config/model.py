@@ -85,6 +85,13 @@ _HF_SHAPE_FIELDS = tuple(f.name for f in fields(ModelConfig)
                          if f.name not in ("architecture", "path", "packaged", "keep_layers", "dtype"))
 
 
+# The config.json type of each shape field (its ModelConfig annotation, less `| None`), and the two keys
+# shape_from_hf computes with.
+_FIELD_KINDS = {f.name: f.type.split(" |")[0] for f in fields(ModelConfig) if f.name in _HF_SHAPE_FIELDS}
+_JSON_KINDS = {"int": (int, "an integer"), "float": (int | float, "a number"), "bool": (bool, "true or false")}
+_HF_REQUIRED = ("hidden_size", "num_attention_heads")
+
+
 # Resolves `packaged` and `keep_layers` into a checkpoint directory (`path`), converting or cutting once into
 # the cache: hybridflow.resolve.resolve_checkpoint, which the launching process passes in. Config itself never
 # converts (that needs transformers, GGUF and a file lock), so a rank that reads plan.json never does either.
@@ -109,20 +116,50 @@ def apply_hf_checkpoint(model: ModelConfig, field: str, checkpoints: CheckpointR
         model = checkpoints(model, field)
     if model.path is None:
         return model
-    try:
-        hf = read_hf_config(model.path)
-    except FileNotFoundError:
-        raise UserError(f"{field}.path: {model.path!r} has no config.json; point it at a local HF model directory"
-                        ) from None
+    hf = _read_checkpoint_config(model.path, field)
     hf.setdefault("architectures", [model.architecture])
     try:
         shape = shape_from_hf(hf)  # the runtime's reading of the same file (megatron_adapters.model.model_shape)
     except (ValueError, UserError) as err:
         raise UserError(f"{field}.path: {model.path}/config.json: {err}") from None
-    values = {name: hf[name] for name in _HF_SHAPE_FIELDS if name in hf}
+    values = {name: hf[name] for name in _HF_SHAPE_FIELDS if hf.get(name) is not None}
     values.update(architecture=hf["architectures"][0], num_key_value_heads=shape.num_kv_heads,
                   head_dim=shape.head_dim)
     return ModelConfig(**{**model.__dict__, **values})
+
+
+def _read_checkpoint_config(path: str, field: str) -> dict:
+    """`path/config.json` as a dict whose shape fields have their ModelConfig types; UserError naming `field`.path
+    and the file otherwise."""
+    fix = "point it at a local HF model directory"
+    file = f"{path}/config.json"
+    try:
+        hf = read_hf_config(path)
+    except FileNotFoundError:
+        raise UserError(f"{field}.path: {path!r} has no config.json; {fix}") from None
+    except NotADirectoryError:
+        raise UserError(f"{field}.path: {path!r} is a file, not a directory; {fix}") from None
+    except UnicodeDecodeError as err:
+        raise UserError(f"{field}.path: {file} is not UTF-8 text ({err.reason}); {fix} with a valid config.json"
+                        ) from None
+    except ValueError as err:  # json.JSONDecodeError
+        raise UserError(f"{field}.path: {file} is not valid JSON ({err}); {fix} with a valid config.json") from None
+    except OSError as err:
+        raise UserError(f"{field}.path: cannot read {file} ({err.strerror or err}); {fix}") from None
+    if not isinstance(hf, dict):
+        raise UserError(f"{field}.path: {file} is not a JSON object; {fix} with a valid config.json")
+    for name in _HF_SHAPE_FIELDS:
+        value = hf.get(name)
+        if value is None:  # absent or null: the field keeps its default, or is derived
+            if name in _HF_REQUIRED:
+                raise UserError(f"{field}.path: {file} has no {name}; fix the checkpoint's config.json or point "
+                                f"{field}.path at another checkpoint")
+            continue
+        types, words = _JSON_KINDS[_FIELD_KINDS[name]]
+        if not isinstance(value, types) or isinstance(value, bool) != (types is bool):
+            raise UserError(f"{field}.path: {file}: {name} is {value!r}, not {words}; fix the checkpoint's "
+                            f"config.json or point {field}.path at another checkpoint")
+    return hf
 
 
 def validate_model(model: ModelConfig, field: str) -> None:

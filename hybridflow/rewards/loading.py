@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 
+from hybridflow.config.load import import_failure
 from hybridflow.errors import UserError
 from hybridflow.rewards.inputs import RewardFn
 
@@ -21,6 +22,9 @@ def load_reward_fn(spec: str, field: str = "reward.fn") -> RewardFn:
         raise UserError(
             f"{field}: cannot import module {module_name!r} ({err}); check the name or PYTHONPATH"
         ) from None
+    except Exception as err:  # the module itself fails: a SyntaxError, or its top-level code raises
+        raise UserError(f"{field}: module {module_name!r} fails to import ({import_failure(err)}); fix the module"
+                        ) from None
     fn = getattr(module, attr, None)
     if fn is None:
         raise UserError(f"{field}: module {module_name!r} has no {attr!r}; name a function defined there")

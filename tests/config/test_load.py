@@ -175,3 +175,53 @@ def test_reward_source_required_outside_builtin_tasks():
     assert load_experiment("tiny_cpu", ["reward.fn=null"]).reward.fn is None  # built-in task default
     with pytest.raises(UserError, match=r"^reward\.fn: not set and data\.source='x\.jsonl'"):
         load_experiment("tiny_cpu", ["reward.fn=null", "data.source=x.jsonl"])
+
+
+BROKEN_MODULES = {
+    "syntax": ("def f(:\n    pass\n", r"SyntaxError at .*broken_syntax\.py:1: "),
+    "raises": ("raise RuntimeError('boom at import')\n", r"RuntimeError: boom at import"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BROKEN_MODULES))
+def test_an_imported_module_that_fails_is_one_line_naming_imports(tmp_path, monkeypatch, kind):
+    source, match = BROKEN_MODULES[kind]
+    (tmp_path / f"broken_{kind}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(UserError, match=rf"^imports: 'broken_{kind}' fails to import \({match}") as err:
+        load_experiment("tiny_cpu", [f"imports=[broken_{kind}]"])
+    assert "\n" not in str(err.value) and "; fix " in str(err.value)
+    file = tmp_path / "exp.yaml"
+    file.write_text(f"defaults:\n  - /experiment/tiny_cpu\n  - _self_\nimports: [broken_{kind}]\n")
+    with pytest.raises(UserError, match=rf"^{file}: imports: 'broken_{kind}' fails to import \({match}"):
+        load_experiment(str(file), [])
+
+
+def _checkpoint(tmp_path: Path, **changes) -> Path:
+    hf = {"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+          "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128, **changes}
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    return tmp_path
+
+
+@pytest.mark.parametrize(("write", "match"), [
+    (lambda p: _checkpoint(p, hidden_size="abc"), r"config\.json: hidden_size is 'abc', not an integer"),
+    (lambda p: _checkpoint(p, rms_norm_eps="x"), r"config\.json: rms_norm_eps is 'x', not a number"),
+    (lambda p: _checkpoint(p, num_attention_heads=None), r"config\.json has no num_attention_heads"),
+    (lambda p: _checkpoint(p, tie_word_embeddings=1), r"config\.json: tie_word_embeddings is 1, not true or false"),
+    (lambda p: (p / "config.json").write_text("nope") and p, r"config\.json is not valid JSON \(Expecting value"),
+    (lambda p: (p / "config.json").write_text("[1]") and p, r"config\.json is not a JSON object"),
+    (lambda p: (p / "config.json").write_bytes(b'{"a": "\xff"}') and p, r"config\.json is not UTF-8 text"),
+    (lambda p: (p / "weights").write_text("x") and p / "weights", r"is a file, not a directory"),
+])
+def test_a_bad_checkpoint_config_json_is_one_line_naming_the_field_and_file(tmp_path, write, match):
+    path = write(tmp_path)
+    with pytest.raises(UserError, match=r"^model\.path: .*" + match) as err:
+        load_experiment("tiny_cpu", [f"model.path={path}"])
+    assert str(path) in str(err.value) and "\n" not in str(err.value) and "; " in str(err.value)
+
+
+def test_a_bad_critic_checkpoint_names_critic_model_path(tmp_path):
+    critic = _checkpoint(tmp_path, hidden_size="abc")
+    with pytest.raises(UserError, match=r"^critic_model\.path: .*config\.json: hidden_size is 'abc'"):
+        load_experiment("tiny_cpu", ["+model@critic_model=tiny_llama", f"critic_model.path={critic}"])

@@ -38,3 +38,15 @@ def test_resolve_defaults_for_builtin_tasks_only():
     assert resolve_reward_fn(None, "builtin:add") is answer_match
     with pytest.raises(UserError, match="reward.fn: not set"):
         resolve_reward_fn(None, "/data/prompts.jsonl")
+
+
+@pytest.mark.parametrize(("source", "match"), [
+    ("def f(:\n    pass\n", r"SyntaxError at .*broken_rewards\.py:1: "),
+    ("raise RuntimeError('boom at import')\n", r"RuntimeError: boom at import"),
+])
+def test_a_module_that_fails_to_import_is_one_line_naming_reward_fn(tmp_path, monkeypatch, source, match):
+    (tmp_path / "broken_rewards.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(UserError, match=rf"^reward\.fn: module 'broken_rewards' fails to import \({match}") as err:
+        load_reward_fn("broken_rewards:f")
+    assert "\n" not in str(err.value) and "; fix " in str(err.value)
