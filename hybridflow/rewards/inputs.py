@@ -66,9 +66,29 @@ def reward_inputs(
 
 def compute_scores(fn: RewardFn, batch: RewardInputs, name: str = "reward.fn") -> torch.Tensor:
     """Call `fn` and check it gave one finite number per sample; float32 [B]."""
-    scores = torch.as_tensor(fn(batch), dtype=torch.float32).reshape(-1)
+    result = fn(batch)
+    try:
+        scores = torch.as_tensor(result, dtype=torch.float32)
+    except (TypeError, ValueError, RuntimeError):
+        scores = None
+    if scores is None or scores.dim() != 1:
+        raise UserError(f"{name}: returned {_kind(result)}, not one number per sample; return a list of "
+                        f"{len(batch)} floats or a 1-D tensor")
     if scores.numel() != len(batch):
         raise UserError(f"{name}: returned {scores.numel()} scores for {len(batch)} samples; return one each")
     if not torch.isfinite(scores).all():
         raise UserError(f"{name}: returned a NaN or infinite score; return finite numbers")
     return scores
+
+
+def _kind(result: Any) -> str:
+    """What a reward function returned, in words: 'None', 'a dict', 'a list of str', 'a tensor of shape (2, 1)'."""
+    if result is None:
+        return "None"
+    if hasattr(result, "shape"):  # a tensor or an array
+        kind = "tensor" if isinstance(result, torch.Tensor) else type(result).__name__
+        return f"a {kind} of shape {tuple(result.shape)}"
+    if isinstance(result, list | tuple):
+        items = sorted({type(x).__name__ for x in result})
+        return f"a {type(result).__name__} of {', '.join(items)}"
+    return f"a {type(result).__name__}"

@@ -71,3 +71,20 @@ def test_builtin_task_end_to_end_from_token_ids(tmp_path):
     scores = compute_scores(answer_match, batch)
     assert scores[0] == 1.0 and scores[2] == 0.0
     assert scores[1] == pytest.approx(char_match(texts[1], rows[1]["answer"]))
+
+
+@pytest.mark.parametrize(("returned", "what"), [
+    (["good", "bad"], "a list of str"),
+    (None, "None"),
+    ({"a": 1.0, "b": 0.0}, "a dict"),
+    ("1.0", "a str"),
+    (torch.tensor([[1.0], [0.0]]), r"a tensor of shape \(2, 1\)"),
+    ([[1.0], [0.0]], r"a list of list"),
+    (torch.tensor(1.0), r"a tensor of shape \(\)"),
+])
+def test_compute_scores_refuses_a_wrong_return_in_one_line_naming_reward_fn(returned, what):
+    batch = _inputs(["a", "b"], [{}, {}])
+    with pytest.raises(UserError, match=rf"^reward\.fn: returned {what}, not one number per sample; return a list "
+                                        r"of 2 floats or a 1-D tensor") as err:
+        compute_scores(lambda b: returned, batch)
+    assert "\n" not in str(err.value)
