@@ -31,42 +31,49 @@ class PromptDataset:
         return self.rows[index][self.prompt_key]
 
 
-def _read_jsonl(path: Path) -> list[Row]:
+def _read_jsonl(path: Path, field: str) -> list[Row]:
     rows = []
-    with path.open(encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
+    with path.open("rb") as f:
+        for line_no, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise UserError(
+                    f"{field}: {path}:{line_no} is not UTF-8 text ({err.reason}: byte {raw[err.start]:#04x} at "
+                    f"column {err.start + 1}); save the file as UTF-8 JSON Lines"
+                ) from None
             if not line.strip():
                 continue
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as err:
-                raise UserError(
-                    f"data.source: {path}:{line_no} is not valid JSON ({err.msg}); fix the line"
-                ) from None
+                raise UserError(f"{field}: {path}:{line_no} is not valid JSON ({err.msg}); fix the line") from None
             if not isinstance(row, dict):
-                raise UserError(
-                    f"data.source: {path}:{line_no} is not a JSON object; write one object per line"
-                )
+                raise UserError(f"{field}: {path}:{line_no} is not a JSON object; write one object per line")
             rows.append(row)
     return rows
 
 
-def _read_parquet(path: Path) -> list[Row]:
+def _read_parquet(path: Path, field: str) -> list[Row]:
     try:
         import pyarrow.parquet as pq
+        from pyarrow import ArrowException
     except ImportError:
-        raise UserError(
-            f"data.source: reading {path.name} needs pyarrow; run `pip install pyarrow`"
-        ) from None
-    return pq.read_table(path).to_pylist()
+        raise UserError(f"{field}: reading {path.name} needs pyarrow; run `pip install pyarrow`") from None
+    try:
+        return pq.read_table(path).to_pylist()
+    except ArrowException as err:
+        reason = " ".join(str(err).split())
+        raise UserError(f"{field}: {path} is not a readable Parquet file ({reason}); point {field} at a Parquet "
+                        "file (e.g. written by pandas.DataFrame.to_parquet) or a .jsonl") from None
 
 
 READERS = {".jsonl": _read_jsonl, ".parquet": _read_parquet}
 
 
-def _check_prompts(rows: list[Row], prompt_key: str, source: str) -> None:
+def _check_prompts(rows: list[Row], prompt_key: str, source: str, field: str) -> None:
     if not rows:
-        raise UserError(f"data.source: {source} has no rows; point it at a non-empty dataset")
+        raise UserError(f"{field}: {source} has no rows; point {field} at a non-empty dataset")
     for index, row in enumerate(rows):
         if prompt_key not in row:
             fields = ", ".join(sorted(row)) or "none"
@@ -83,20 +90,22 @@ def _check_prompts(rows: list[Row], prompt_key: str, source: str) -> None:
 
 
 def load_prompt_dataset(
-    source: str, prompt_key: str = "prompt", seed: int = 0, num_builtin_examples: int = 8192
+    source: str, prompt_key: str = "prompt", seed: int = 0, num_builtin_examples: int = 8192,
+    field: str = "data.source",
 ) -> PromptDataset:
-    """Rows of `data.source`: `builtin:<task>` (generated from `seed`, field "prompt") or .jsonl/.parquet."""
+    """Rows of `source`: `builtin:<task>` (generated from `seed`, field "prompt") or .jsonl/.parquet. `field` is
+    the config field that names it (`data.source`, `data.val_source`), which the error messages name."""
     if is_builtin(source):
         return PromptDataset(task_rows(builtin_task(source), num_builtin_examples, seed), "prompt")
     path = Path(source)
     if path.suffix not in READERS:
         raise UserError(
-            f"data.source: {source!r} is neither builtin:<task> nor a .jsonl/.parquet file; set one of those"
+            f"{field}: {source!r} is neither builtin:<task> nor a .jsonl/.parquet file; set one of those"
         )
     if not path.is_file():
-        raise UserError(f"data.source: file {source!r} does not exist; set a local .jsonl/.parquet path")
-    rows = READERS[path.suffix](path)
-    _check_prompts(rows, prompt_key, source)
+        raise UserError(f"{field}: file {source!r} does not exist; set a local .jsonl/.parquet path")
+    rows = READERS[path.suffix](path, field)
+    _check_prompts(rows, prompt_key, source, field)
     return PromptDataset(rows, prompt_key)
 
 

@@ -32,7 +32,7 @@ def validation_set(cfg: ExperimentConfig, tokenizer) -> tuple[PromptDataset, int
     those longer than `data.max_prompt_length` (per `data.overlong_prompts`); and how many were dropped."""
     d = cfg.data
     if d.val_source:
-        dataset = load_prompt_dataset(d.val_source, d.prompt_key, seed=cfg.trainer.seed)
+        dataset = load_prompt_dataset(d.val_source, d.prompt_key, seed=cfg.trainer.seed, field="data.val_source")
     elif is_builtin(d.source):
         rows = held_out_rows(builtin_task(d.source), d.val_size, cfg.trainer.seed, NUM_BUILTIN_TRAIN)
         dataset = PromptDataset(rows, "prompt")

@@ -73,3 +73,31 @@ def test_parquet_round_trip(tmp_path):
     pq.write_table(pa.table({"text": ["a", "b"], "answer": ["1", "2"]}), tmp_path / "d.parquet")
     ds = load_prompt_dataset(str(tmp_path / "d.parquet"), prompt_key="text")
     assert [ds.prompt(i) for i in range(2)] == ["a", "b"]
+
+
+def test_messages_name_the_field_given(tmp_path):
+    (tmp_path / "d.jsonl").write_text("{bad json\n")
+    for path, match in [(tmp_path / "d.jsonl", "is not valid JSON"), (tmp_path / "missing.jsonl", "does not exist"),
+                        (tmp_path / "d.csv", "neither builtin")]:
+        with pytest.raises(UserError, match=rf"^data\.val_source: .*{match}"):
+            load_prompt_dataset(str(path), field="data.val_source")
+    (tmp_path / "e.jsonl").write_text("\n")
+    with pytest.raises(UserError, match=r"^data\.val_source: .*no rows; point data\.val_source at"):
+        load_prompt_dataset(str(tmp_path / "e.jsonl"), field="data.val_source")
+
+
+def test_a_jsonl_that_is_not_utf8_names_the_field_file_and_line(tmp_path):
+    (tmp_path / "d.jsonl").write_bytes(b'{"prompt": "ok"}\n{"prompt": "caf\xe9"}\n')
+    with pytest.raises(UserError, match=r"^data\.source: .*d\.jsonl:2 is not UTF-8 text .*; save the file as "
+                                        r"UTF-8") as err:
+        load_prompt_dataset(str(tmp_path / "d.jsonl"))
+    assert "\n" not in str(err.value)
+
+
+def test_a_corrupt_parquet_names_the_field_and_file(tmp_path):
+    pytest.importorskip("pyarrow")
+    (tmp_path / "d.parquet").write_bytes(b"this is not parquet")
+    with pytest.raises(UserError, match=r"^data\.val_source: .*d\.parquet is not a readable Parquet file .*; "
+                                        r"point data\.val_source at a Parquet file") as err:
+        load_prompt_dataset(str(tmp_path / "d.parquet"), field="data.val_source")
+    assert "\n" not in str(err.value)

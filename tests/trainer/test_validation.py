@@ -110,3 +110,12 @@ def test_a_chunk_is_padded_to_every_roles_dp_and_the_copies_are_not_counted(tmp_
     # the stand-in numbers its rows on over the copies: row i of chunk c made (10 c + i) % 3 calls; 3 of chunk 3 count
     calls = sum((10 * c + i) % 3 for c, n in enumerate([10, 10, 10, 3]) for i in range(n))
     assert out["val/tools/calls_per_trajectory"] == pytest.approx(calls / 33)
+
+
+def test_a_bad_val_source_is_blamed_on_data_val_source(tmp_path):
+    tok = build_char_tokenizer(tmp_path / "tok")
+    bad = tmp_path / "val.jsonl"
+    bad.write_text("{bad json\n")
+    cfg = load_experiment("tiny_cpu", [f"data.val_source={bad}", "trainer.val_every=1"])
+    with pytest.raises(UserError, match=r"^data\.val_source: .*val\.jsonl:1 is not valid JSON"):
+        Validator.build(cfg, tok)
