@@ -60,6 +60,8 @@ class Bound:
             return f"is a {type(value).__name__}, not a number"
         if isinstance(value, float) and math.isnan(value):
             return "is not a number"
+        if isinstance(value, float) and math.isinf(value):  # no field takes inf for "no limit": None means unset
+            return "is not finite"
         checks = (
             (self.ge, lambda b: value >= b, "is below"),
             (self.gt, lambda b: value > b, "is not above"),

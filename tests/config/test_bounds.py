@@ -159,3 +159,14 @@ def test_a_token_budget_below_the_longest_sample_is_refused():
     assert cfg.roles.critic.max_tokens_per_micro_batch is None  # off
     assert load_experiment("tiny_cpu", ["roles.actor.max_tokens_per_micro_batch=0"]).roles.ref \
         .max_tokens_per_micro_batch == 0
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf"])
+def test_infinite_floats_are_refused_for_every_bounded_float_field(value):
+    floats = [n for n, f, kind in BOUNDED if kind is float and field_bound(f).choices is None]
+    assert "rollout.temperature" in floats
+    for name in floats:
+        with pytest.raises(UserError, match=rf"^{re.escape(name)}: -?inf is not finite; use ") as err:
+            load_experiment("tiny_cpu", [f"{name}={value}"])
+        assert "\n" not in str(err.value)
+    assert Bound(gt=0).problem(float("inf")) == Bound(le=1).problem(float("-inf")) == "is not finite"
