@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hybridflow.algorithms import check_algorithm
-from hybridflow.errors import cli_errors
+from hybridflow.errors import UserError, cli_errors
 from hybridflow.experiment import Experiment
 from hybridflow.launch.command_help import (
     config_parser,
@@ -38,13 +38,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(job_config_yaml(experiment.config), end="")
             return 0
         report = experiment.plan()
+        out = Path(args.out).resolve()
+        _write_json(out, report.to_json())
     print(report.format())
-    out = Path(args.out).resolve()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report.to_json(), indent=1))
     print(f"wrote {out}")
     print("next: " + shlex.join(["python", "-m", "hybridflow.run", *source_args(args)]))
     return 0
+
+
+def _write_json(out: Path, record: dict) -> None:
+    """Write `record` at `out` (the `--out` file), making its directory; UserError naming --out if it can't."""
+    if out.is_dir():
+        raise UserError(f"--out: {out} is a directory; give a file path such as {out / 'plan.json'}")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(record, indent=1))
+    except OSError as err:
+        raise UserError(f"--out: cannot write {out} ({err.strerror or err}); give a path in a writable directory"
+                        ) from None
 
 
 if __name__ == "__main__":

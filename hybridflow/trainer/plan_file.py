@@ -9,6 +9,7 @@ instead of composing, converting or planning again.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -38,13 +39,23 @@ def write_plan(cfg: ExperimentConfig, plan: Plan, path: Path | None = None) -> P
     """Write the plan and the config it runs (with the plan's rollout engine and that engine's defaults)
     atomically (a rank never reads half a file) at `path` (default: `plan_path(cfg)`); returns the path."""
     path = plan_path(cfg) if path is None else path
-    path.parent.mkdir(parents=True, exist_ok=True)
+    # A path `--plan` gave, or the default one under trainer.output_dir: the error names what to change.
+    field, fix = (("trainer.output_dir", "set trainer.output_dir to a writable directory") if path == plan_path(cfg)
+                  else ("--plan", "give a path in a writable directory"))
+    if path.is_dir():
+        raise UserError(f"{field}: {path} is a directory; give a file path such as {path / PLAN_FILE}")
     resolved = OmegaConf.to_container(OmegaConf.structured(with_engine(cfg, plan.rollout_engine)))
     record = {"format": FORMAT, "experiment": cfg.name, "config_sha256": config_digest(cfg), "config": resolved,
               **plan.to_json()}
     tmp = path.with_name(f".{PLAN_FILE}.{os.getpid()}")
-    tmp.write_text(json.dumps(record, indent=1))
-    tmp.replace(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(record, indent=1))
+        tmp.replace(path)
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise UserError(f"{field}: cannot write {path} ({err.strerror or err}); {fix}") from None
     return path
 
 

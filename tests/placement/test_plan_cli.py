@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -93,3 +94,17 @@ def test_cli_dispatches_plan(tmp_path, capsys, monkeypatch):
     assert cli.main(["plan", "+experiment=grpo_tiny_cpu", "--out", str(tmp_path / "p.json")]) == 0
     assert "experiment: grpo_tiny_cpu" in capsys.readouterr().out
     assert cli.main(["nonsense"]) == 2
+
+
+@pytest.mark.parametrize("where, match", [
+    (lambda tmp: tmp, r"error: --out: .* is a directory; give a file path such as .*plan\.json$"),
+    (lambda tmp: "/proc/x/plan.json", r"error: --out: cannot write /proc/x/plan\.json \(.*\); give a path "),
+])
+def test_an_unwritable_out_is_one_line_exit_2(tmp_path, capsys, where, match):
+    with pytest.raises(SystemExit) as exc:
+        plan.main(["+experiment=tiny_cpu", "--out", str(where(tmp_path))])
+    assert exc.value.code == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and re.match(match, lines[0]), captured.err
+    assert list(tmp_path.iterdir()) == []

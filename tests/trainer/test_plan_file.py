@@ -223,3 +223,24 @@ def test_launched_ranks_read_the_plan_file_compose_nothing_and_say_one_line(tmp_
     assert said[1:] == ["", "", ""]  # under srun too, where no RANK variable tells rank 0 apart
     assert [path for _, path in launched] == [plan_file] * 4
     assert launched[0][0].trainer.output_dir == str(tmp_path / "out")
+
+
+def test_a_plan_path_that_cannot_be_written_is_one_line_and_leaves_nothing(tmp_path, capsys):
+    from hybridflow.run import main
+
+    target = tmp_path / "somedir"
+    target.mkdir()
+    with pytest.raises(SystemExit) as exit_info:
+        main(["+experiment=tiny_cpu", f"trainer.output_dir={tmp_path / 'out'}", "--plan-only", "--plan", str(target)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: --plan: {target} is a directory; give a file path"), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "somedir"] and not any(target.iterdir())
+    cfg = _cfg(tmp_path / "out")
+    with pytest.raises(UserError, match=r"^--plan: cannot write /proc/x/plan\.json \(.*\); give a path "):
+        write_plan(cfg, plan_placement(cfg), Path("/proc/x/plan.json"))
+    (tmp_path / "file").write_text("")  # the default place, under trainer.output_dir
+    cfg = _cfg(tmp_path / "file")
+    with pytest.raises(UserError, match=r"^trainer\.output_dir: cannot write .*plan\.json \(.*\); set trainer\."):
+        write_plan(cfg, plan_placement(cfg))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "out", "somedir"]
