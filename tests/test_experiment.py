@@ -193,6 +193,22 @@ def test_user_experiment_runs_two_steps_through_the_python_api(user_file, tmp_pa
     assert 0.0 <= result.metrics["reward/mean"] <= 1.0 and result.metrics["phase"] == "rl"
 
 
+def test_the_ranks_plan_file_imports_the_users_modules_from_another_directory(user_file, tmp_path):
+    """An sbatch script's ranks run `hybridflow.run --plan FILE`, composing nothing. Before: `algorithm.name:
+    'my_grpo' is unknown`, as the file's modules were imported only where the file was composed."""
+    plan_file = tmp_path / "plan.json"
+    done = command("run", "--config", "../user/my_experiment.yaml", "--plan-only", "--plan", str(plan_file),
+                   f"trainer.output_dir={tmp_path / 'out'}", cwd=Path.cwd())
+    assert done.returncode == 0, done.stderr[-3000:]
+    rank = subprocess.run(  # what a rank does first with the file, in a process of its own, from another directory
+        [sys.executable, "-c", "import sys; from pathlib import Path; from hybridflow.trainer.plan_file import "
+         "read_run; from hybridflow.algorithms import check_algorithm; from hybridflow.rewards import "
+         "resolve_reward_fn; cfg, _ = read_run(Path(sys.argv[1])); check_algorithm(cfg); "
+         "print(resolve_reward_fn(cfg.reward.fn, cfg.data.source).__name__)", str(plan_file)],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=300)
+    assert rank.returncode == 0 and rank.stdout.strip() == "digit_reward", rank.stderr[-3000:]
+
+
 def test_sbatch_and_check_env_take_the_file(user_file, capsys):
     from hybridflow import check_env, sbatch
 

@@ -33,6 +33,9 @@ from hybridflow.tools import get_environment
 class ExperimentConfig:
     name: str = "default"
     imports: list[str] = field(default_factory=list)  # the user's modules, imported first (config/load.py)
+    # Folders those modules (and reward.fn's) import from, put on sys.path first in every process, the ranks
+    # that read plan.json under srun too: an experiment file's own folder is added when it is loaded.
+    import_dirs: list[str] = field(default_factory=list)
     model: ModelConfig = field(default_factory=ModelConfig)
     critic_model: ModelConfig | None = None  # None = model
     reward_model: ModelConfig | None = None  # None = model

@@ -10,7 +10,6 @@ algorithm/, ... folders are options too) and Python's (modules next to it are im
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -67,9 +66,9 @@ def register_experiment_file(path: str, root_groups: set[str],
         node["defaults"] = _absolute_defaults(defaults, root_groups, file)
         groups = {key.split("/")[-1].split("@")[0] for entry in node["defaults"] if isinstance(entry, dict)
                   for key in entry}
+    # its own modules (imports:, reward.fn) import like a script's, in every process (config.load.import_modules)
+    node["import_dirs"] = [*(node.get("import_dirs") or ()), str(file.parent)]
     ConfigStore.instance().store(group="experiment", name=FILE_OPTION, node=node, package="_global_")
-    if str(file.parent) not in sys.path:  # its own modules (imports:, reward.fn) import like a script's
-        sys.path.append(str(file.parent))
     return file, groups
 
 

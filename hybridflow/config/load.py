@@ -6,6 +6,7 @@ import dataclasses
 import importlib
 import os
 import re
+import sys
 import typing
 from collections.abc import Sequence
 from importlib import resources
@@ -87,7 +88,7 @@ def load_experiment(experiment: str | None, overrides: Sequence[str] = (),
     try:
         raw = _compose(root, all_overrides)
         check_keys(raw)
-        import_modules(list(raw.get("imports") or ()), file)
+        import_modules(list(raw.get("imports") or ()), file, list(raw.get("import_dirs") or ()))
         typed = OmegaConf.merge(_strict_schema(), raw)
         cfg = OmegaConf.to_object(typed)
     except (HydraException, OmegaConfBaseException) as err:
@@ -116,9 +117,13 @@ def _check_file_keys(node: DictConfig) -> None:
         raise UserError(describe_config_error(err)) from None
 
 
-def import_modules(modules: Sequence[str], file: Path | None = None) -> None:
+def import_modules(modules: Sequence[str], file: Path | None = None, dirs: Sequence[str] = ()) -> None:
     """Import the user's modules named by `imports` (their import registers algorithms, model families and
-    reward functions) in this process: the launcher's and every rank's, before any record is looked up."""
+    reward functions) in this process: the launcher's and every rank's, before any record is looked up. `dirs`
+    (`import_dirs`) go on sys.path first, for these and for reward.fn's module."""
+    for folder in dirs:
+        if folder not in sys.path:
+            sys.path.append(folder)
     for name in modules:
         where = f"{file}: " if file is not None else ""
         try:

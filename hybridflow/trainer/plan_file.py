@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 
 from hybridflow.config import ExperimentConfig
 from hybridflow.config.experiment import with_engine
+from hybridflow.config.load import import_modules
 from hybridflow.errors import UserError
 from hybridflow.placement import Plan
 
@@ -76,4 +77,6 @@ def read_run(path: Path, fix: str = "write it with `python -m hybridflow.run --p
     typed = OmegaConf.merge(OmegaConf.structured(ExperimentConfig), record["config"])
     cfg = OmegaConf.to_object(typed)
     assert isinstance(cfg, ExperimentConfig)
+    # the user's records (algorithms, families, rewards) before any lookup: a `--plan` process composed nothing
+    import_modules(cfg.imports, dirs=cfg.import_dirs)
     return cfg, Plan.from_json(record)

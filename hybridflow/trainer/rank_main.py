@@ -9,7 +9,6 @@ import torch
 import torch.distributed as dist
 import transformers
 
-from hybridflow.config.load import import_modules
 from hybridflow.launch import init_distributed
 from hybridflow.launch.known_warnings import quiet_known_noise
 from hybridflow.trainer.loop import train
@@ -20,8 +19,7 @@ from megatron_adapters.cpu_backend import enable_cpu_backend
 def rank_main(plan_file: str) -> dict[str, float]:
     """Entry point of one rank (started by the local launcher, torchrun or srun): the resolved config and the
     plan come from `plan_file` (plan.json); the rank composes, converts and plans nothing itself."""
-    cfg, plan = read_run(Path(plan_file))
-    import_modules(cfg.imports)  # the user's records (algorithms, families, rewards) before any lookup
+    cfg, plan = read_run(Path(plan_file))  # it imports the user's modules (cfg.imports)
     # First, so that nothing this rank warns lands in its parent's file (a forked rank inherits its state):
     # megatron/torch repeats once, as one line, on rank 0; full text in this rank's logs/warnings_rank<R>.txt.
     quiet_known_noise(log_dir=Path(cfg.trainer.output_dir) / "logs")

@@ -18,8 +18,8 @@ from tests.trainer.run_helpers import REPO
 
 # Fields that take any value of their type: names, paths, free-form maps and switches.
 FREE_FIELDS = {"name", "path", "source", "prompt_key", "tokenizer", "fn", "resume", "output_dir", "master_addr",
-               "imports", "resources", "colocate", "engine_args", "critic_model", "reward_model", "val_source",
-               "packaged"}  # packaged: a name model_cache checks against PACKAGED_MODELS (one line naming them)
+               "imports", "import_dirs", "resources", "colocate", "engine_args", "critic_model", "reward_model",
+               "val_source", "packaged"}  # packaged: a name model_cache checks against PACKAGED_MODELS
 
 
 def _full_tree() -> ExperimentConfig:
