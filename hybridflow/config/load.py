@@ -96,8 +96,9 @@ def load_experiment(experiment: str | None, overrides: Sequence[str] = (),
         if file is not None and message.split(":")[0] in file_groups:  # a group its defaults list names
             message = f"{file}: defaults: {message}"
         raise UserError(message) from None
-    except AssertionError:
-        # OmegaConf asserts when an override sets a key below a null node (e.g. critic_model.hidden_size).
+    except (AssertionError, AttributeError):
+        # OmegaConf asserts when an override sets a key below a null node (e.g. critic_model.hidden_size), and
+        # fails with an AttributeError merging a {...} into one (critic_model={hidden_size: 64}).
         raise UserError(_null_parent_error(root, experiment, overrides)) from None
     assert isinstance(cfg, ExperimentConfig)
     return finalize_experiment(cfg, checkpoints)
@@ -213,13 +214,13 @@ def _null_parent_error(root: Path, experiment: str | None, overrides: Sequence[s
     for override in overrides:
         key = override.lstrip("+~").split("=", 1)[0]
         parts = key.split(".")
-        for i in range(1, len(parts)):
+        for i in range(1, len(parts) + 1):
             parent = ".".join(parts[:i])
             if OmegaConf.select(base, parent, default=0) is None:
-                return (
-                    f"{key}: its parent {parent} is null; set {parent} as a whole first "
-                    f"(e.g. '+model@{parent}=NAME' or '{parent}={{...}}')"
-                )
+                # a null model takes a whole model from the group, whose fields an override then changes
+                where = f"its parent {parent} is null" if i < len(parts) else "is null and a {...} does not fill it"
+                return (f"{key}: {where}; set {parent} from a model group first (e.g. '+model@{parent}=tiny_llama' "
+                        f"or another of conf/model/), then override its fields ({parent}.hidden_size=...)")
     return "config: an override sets a key below a null node; set the null node as a whole"
 
 

@@ -104,7 +104,10 @@ def test_group_selection_and_named_submodels():
         (["cluster.nodes=two"], r"^cluster\.nodes: "),
         (["placement.resources.actor=5"], r"^placement\.resources\.actor: "),
         (["model=nope"], r"^model: no config 'nope' in conf/model/; use one of .*llama3_8b"),
-        (["critic_model.hidden_size=64"], r"^critic_model\.hidden_size: its parent critic_model is null"),
+        (["critic_model.hidden_size=64"], r"^critic_model\.hidden_size: its parent critic_model is null; set "
+                                          r"critic_model from a model group first \(e\.g\. '\+model@critic_model="),
+        # before: the fix the line above suggested, critic_model={...}, was a traceback (AttributeError)
+        (["critic_model={hidden_size: 64}"], r"^critic_model: is null and a \{\.\.\.\} does not fill it; set "),
         (["rollout.engine=sglang"], r"^rollout\.engine: 'sglang' is unknown; use one of megatron, vllm, auto$"),
         (["cluster.gpu_type=TPU"], r"^cluster\.gpu_type: 'TPU' is unknown"),
         (
