@@ -142,7 +142,7 @@ def _run(cfg: ExperimentConfig, planned: Plan | None, launcher: LauncherEnv | No
                     print(f"  the checkpoints past it are in {newer}", flush=True)
             previous = resume.set_aside_previous(cfg)
             if previous is not None:
-                print(f"  starting over (trainer.resume=never): the previous run's checkpoints and metrics "
+                print(f"  starting over (trainer.resume=never): the previous run's checkpoints and outputs "
                       f"are in {previous}", flush=True)
         elif first:  # the header came from the `--plan-only` step
             print(f"hybridflow run: {launcher.world_size} ranks started by {launcher.launcher}, "

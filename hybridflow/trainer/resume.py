@@ -88,11 +88,13 @@ def resume_point(cfg: ExperimentConfig) -> Path | None:
 
 
 def set_aside_previous(cfg: ExperimentConfig) -> Path | None:
-    """`trainer.resume=never` in a directory that holds a run: move its checkpoints and metrics to
-    `previous/<UTC time>/` (nothing is deleted), so that a later `auto` resume cannot pick the old run's
-    checkpoints and the new metrics do not mix with the old ones. Returns where they went (None: nothing)."""
+    """`trainer.resume=never` in a directory that holds a run: move its checkpoints, metrics, samples, final
+    models and warm-up model to `previous/<UTC time>/` (nothing is deleted), so that a later `auto` resume cannot
+    pick the old run's checkpoints and nothing of the old run mixes with the new one's. Returns where they went
+    (None: nothing)."""
     out = Path(cfg.trainer.output_dir)
-    held = [out / name for name in ("checkpoints", METRICS_FILE) if (out / name).exists()]
+    names = ("checkpoints", METRICS_FILE, SAMPLES_FILE, FINAL_HF, FINAL_ADAPTER, SFT_MODEL_DIR)
+    held = [out / name for name in names if (out / name).exists()]
     if cfg.trainer.resume != "never" or not held:
         return None
     dest = out / "previous" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
@@ -221,7 +223,7 @@ def check_resumable(ckpt_dir: Path, cfg: ExperimentConfig, plan: Plan) -> None:
     if changes:
         raise UserError(f"trainer.resume: checkpoint {ckpt_dir} is of another run ({changes}); set "
                         "trainer.output_dir to a new directory, or trainer.resume=never to start over in this one "
-                        "(its checkpoints and metrics move to previous/)")
+                        "(its checkpoints and outputs move to previous/)")
     sft = sft_model_dir(ckpt_dir)
     if cfg.trainer.warmup_sft_steps and Role.REF in plan.meshes and not (sft / "config.json").is_file():
         raise UserError(f"trainer.resume: checkpoint {ckpt_dir} was trained after an SFT warm-up whose model (the "

@@ -96,12 +96,15 @@ def test_finished_run_says_where_it_stands_instead_of_training_again(tmp_path, c
 def test_resume_never_sets_the_previous_run_aside(tmp_path):
     ckpt = checkpoint_of(tmp_path, "tiny_cpu", 10)
     (tmp_path / "metrics.jsonl").write_text('{"step": 10, "phase": "rl"}\n')
+    (tmp_path / "samples.jsonl").write_text('{"step": 10}\n')
     cfg = load_experiment("grpo_tiny_cpu", [f"trainer.output_dir={tmp_path}", "trainer.resume=never"])
     assert resume_point(cfg) is None
     previous = set_aside_previous(cfg)
     assert previous is not None and previous.parent == tmp_path / "previous"
     assert (previous / "checkpoints" / ckpt.name / FINGERPRINT_FILE).is_file()  # moved, not deleted
-    assert (previous / "metrics.jsonl").is_file() and not (tmp_path / "metrics.jsonl").exists()
+    # before: samples.jsonl, final_hf/ and sft_model/ stayed and mixed with the new run's
+    for name in ("metrics.jsonl", "samples.jsonl", "final_hf", "sft_model"):
+        assert (previous / name).exists() and not (tmp_path / name).exists(), name
     auto = load_experiment("grpo_tiny_cpu", [f"trainer.output_dir={tmp_path}"])
     assert resume_point(auto) is None  # a later auto resume cannot pick the PPO run's checkpoint
     assert set_aside_previous(cfg) is None  # nothing left to move

@@ -45,7 +45,9 @@ def test_resuming_elsewhere_needs_the_warm_up_model_of_the_run_that_wrote_the_ch
         check_resumable(ckpt, cfg, plan_placement(cfg))
     no_warmup = load_experiment("tiny_cpu", [f"trainer.output_dir={tmp_path / 'second'}", f"trainer.resume={ckpt}",
                                              "trainer.warmup_sft_steps=0"])
-    check_resumable(ckpt, no_warmup, plan_placement(no_warmup))
+    # without the warm-up the resumed run took the untrained model as its reference, silently: now refused
+    with pytest.raises(UserError, match=r"is of another run \(trainer\.warmup_sft_steps > 0 True -> False\)"):
+        check_resumable(ckpt, no_warmup, plan_placement(no_warmup))
 
 
 class _Role:
