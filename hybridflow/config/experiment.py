@@ -153,6 +153,7 @@ def finalize_experiment(cfg: ExperimentConfig, checkpoints: CheckpointResolver |
         if getattr(cfg, name) is not None:
             setattr(cfg, name, apply_hf_checkpoint(getattr(cfg, name), name, checkpoints))
     check_bounds(cfg)
+    _check_name(cfg.name)
     check_engine_args(cfg.rollout.engine_args, cfg.rollout.gpu_memory_utilization)  # vLLM's own, before planning
     for name in ("model", *own_model_fields()):
         if getattr(cfg, name) is not None:
@@ -175,6 +176,14 @@ def finalize_experiment(cfg: ExperimentConfig, checkpoints: CheckpointResolver |
     _check_lengths(cfg)
     _check_lr_schedule(cfg)
     return cfg
+
+
+def _check_name(name: str) -> None:
+    """`name` is one path component: the default trainer.output_dir is runs/<name> (an empty name wrote into
+    runs/ itself, and ../x outside it)."""
+    if name in ("", ".", "..") or "/" in name or "\\" in name:
+        raise UserError(f"name: {name!r} is not a plain name (it makes trainer.output_dir runs/<name>); use "
+                        "letters, digits, '-', '_' or '.', or set trainer.output_dir for another place")
 
 
 def rl_optimizer_steps(cfg: ExperimentConfig) -> int:

@@ -118,6 +118,9 @@ def test_group_selection_and_named_submodels():
         (["data.seq_length=8"], r"^data\.seq_length: 8 < max_prompt_length"),
         (["algorithm.mini_batch_size=3"], r"^algorithm\.mini_batch_size: 3 does not divide the 32 samples"),
         (["roles.actor.parallel.tp=0"], r"^roles\.actor\.parallel\.tp: 0 is below 1; use a value >= 1"),
+        # the default trainer.output_dir is runs/<name>: before, these wrote into runs/ itself and outside it
+        (["name=''"], r"^name: '' is not a plain name"),
+        (["name=../../escape"], r"^name: '\.\./\.\./escape' is not a plain name"),
     ],
 )
 def test_bad_config_names_the_key(overrides, match):
