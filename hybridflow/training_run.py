@@ -111,15 +111,11 @@ def _run(cfg: ExperimentConfig, planned: Plan | None, launcher: LauncherEnv | No
         check_algorithm(cfg)
         if launcher is None:
             plan = planned or plan_placement(cfg)
-            check_devices(cfg, plan)
-            start_from, notes = checks_before_launch(cfg, plan)
         else:  # a rank of torchrun/srun: the `--plan-only` step planned and checked the data already
             assert planned is not None
             plan = planned
-            check_devices(cfg, plan)
-            start_from, notes = resume.resume_point(cfg), []
-            if start_from is not None:
-                resume.check_resumable(start_from, cfg, plan)
+        check_devices(cfg, plan)
+        start_from, notes = checks_before_launch(cfg, plan, data=launcher is None)
         start_step = resume.checkpoint_step(start_from) if start_from is not None else 0
         # finished: trained to total_steps and exported (a run killed while exporting launches again to export)
         complete = start_from is not None and start_step >= cfg.trainer.total_steps and resume.exported(cfg, plan)

@@ -73,6 +73,7 @@ def _dtype(name: str, hf_config):
 
 def _validate(args: argparse.Namespace):
     """Check everything that can be checked before starting ranks; returns the HF config."""
+    from hybridflow.trainer.resume import FINGERPRINT_FILE
     from megatron_adapters.checkpoint import checkpoint_hf_config
     from megatron_adapters.model import load_hf_config, transformer_config_from_hf
 
@@ -90,7 +91,7 @@ def _validate(args: argparse.Namespace):
     else:
         if not (Path(args.ckpt) / "metadata.json").is_file():
             raise ValueError(f"--ckpt: {args.ckpt} is not a megatron dist checkpoint (no metadata.json)")
-        if (Path(args.ckpt) / "fingerprint.json").is_file():  # hybridflow.trainer.resume.FINGERPRINT_FILE
+        if (Path(args.ckpt) / FINGERPRINT_FILE).is_file():
             raise ValueError(f"--ckpt: {args.ckpt} is a training checkpoint (every role's state); the run exports "
                              "its actor as final_hf/ in its output directory, and running it again re-exports a "
                              "missing one")

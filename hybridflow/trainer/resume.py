@@ -87,6 +87,11 @@ def resume_point(cfg: ExperimentConfig) -> Path | None:
     return path
 
 
+def _previous_dir(out: Path) -> Path:
+    """Where what a run sets aside goes: `previous/<UTC time>/` in its output directory."""
+    return out / "previous" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+
+
 def set_aside_previous(cfg: ExperimentConfig) -> Path | None:
     """`trainer.resume=never` in a directory that holds a run: move its checkpoints, metrics, samples, final
     models and warm-up model to `previous/<UTC time>/` (nothing is deleted), so that a later `auto` resume cannot
@@ -97,7 +102,7 @@ def set_aside_previous(cfg: ExperimentConfig) -> Path | None:
     held = [out / name for name in names if (out / name).exists()]
     if cfg.trainer.resume != "never" or not held:
         return None
-    dest = out / "previous" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    dest = _previous_dir(out)
     dest.mkdir(parents=True)
     for path in held:
         path.rename(dest / path.name)
@@ -114,7 +119,7 @@ def set_aside_newer(cfg: ExperimentConfig, start_from: Path) -> Path | None:
     newer = [p for p in root.glob("step_*") if p.is_dir() and p.name > start_from.name]
     if not newer:
         return None
-    dest = Path(cfg.trainer.output_dir) / "previous" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) / "checkpoints"
+    dest = _previous_dir(Path(cfg.trainer.output_dir)) / "checkpoints"
     dest.mkdir(parents=True)
     for path in newer:
         path.rename(dest / path.name)
